@@ -1,0 +1,5 @@
+import sys
+
+from vdpcp.cli import main
+
+sys.exit(main())

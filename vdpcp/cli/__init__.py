@@ -1,0 +1,36 @@
+"""`vdpcp` command line: one module per subcommand in this package, found at start-up.
+
+Each subcommand module defines ``register(subparsers)``, which adds its parser and sets ``func``
+(a callable taking the parsed args and returning the exit code). Exit codes: 0 every case passed,
+1 a case failed (or the fuzzer found a failure), 2 bad input.
+"""
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+
+class UsageError(Exception):
+    """Bad input on the command line or in a spec file: exit code 2, one clear message."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vdpcp", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        importlib.import_module(f"{__name__}.{module.name}").register(subparsers)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as err:
+        print(f"vdpcp {args.command}: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Everything that crosses ranks goes through here: the autograd gather of projected features.
+
+The gather restores the global feature set, in image order, from uneven rank shards. Forward pads every
+shard to the longest and all-gathers (gloo has no uneven list-form all_to_all, and a padded all_gather
+works on gloo and NCCL alike), then keeps each rank's first ``counts[r]`` rows: placeholder outputs sit
+after a rank's real rows, so they are dropped here. Backward hands each rank the SUM over ranks of the
+gradient for its rows: every rank's loss reads the whole gathered tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def gather_features(local: torch.Tensor, counts: list[int], group=None) -> torch.Tensor:
+    """[local rows, D] on each rank -> [sum(counts), D] on every rank; counts[r] real rows of rank r."""
+    if len(counts) != dist.get_world_size(group):
+        raise ValueError(f"gather_features: {len(counts)} counts for a group of {dist.get_world_size(group)} ranks")
+    return _GatherFeatures.apply(local, list(counts), group)
+
+
+class _GatherFeatures(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, local, counts, group):
+        rank = dist.get_rank(group)
+        if local.shape[0] < counts[rank]:
+            raise ValueError(f"gather_features: rank {rank} has {local.shape[0]} rows, expected at least {counts[rank]}")
+        ctx.group, ctx.counts, ctx.rank, ctx.local_rows = group, counts, rank, local.shape[0]
+        longest = max(counts)
+        padded = local.new_zeros(longest, *local.shape[1:])
+        padded[: counts[rank]] = local[: counts[rank]]
+        shards = [torch.empty_like(padded) for _ in counts]
+        dist.all_gather(shards, padded.contiguous(), group=group)
+        return torch.cat([s[:n] for s, n in zip(shards, counts)])
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)  # sum every rank's gradient for every row
+        start = sum(ctx.counts[: ctx.rank])
+        local_grad = grad.new_zeros(ctx.local_rows, *grad.shape[1:])
+        local_grad[: ctx.counts[ctx.rank]] = grad[start : start + ctx.counts[ctx.rank]]
+        return local_grad, None, None
+
+
+def all_reduce_sum(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Sum a tensor over ranks (out of place); used to check summed parameter gradients."""
+    out = tensor.detach().clone()
+    dist.all_reduce(out, group=group)
+    return out

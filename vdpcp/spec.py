@@ -1,0 +1,182 @@
+"""Microbatch specs: a JSON-able description of one microbatch's vision inputs, and its tensors.
+
+A spec holds shapes and a seed, never pixels: the same spec always yields the same packed patches,
+so a failing microbatch from a training run becomes a small file that reproduces anywhere.
+
+    {"name": "doc-qa", "images": [[448, 448], [448, 896]], "num_frames": [1, 1],
+     "temporal_patch_size": 1, "patch_dim": 4, "seed": 0}
+
+``images`` has one row per image or video frame, (H, W) in pixels; ``num_frames`` groups rows into media
+items (a still image is a one-frame item) and is required when ``temporal_patch_size`` > 1, where
+consecutive frames of a video are encoded together as tubelets.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DEFAULT_PATCH_DIM = 4  # the toy tower's patch size; real towers use 14 or 16
+FIELDS = ("name", "images", "num_frames", "temporal_patch_size", "patch_dim", "seed")
+
+
+class SpecError(ValueError):
+    """A microbatch spec that does not describe a valid microbatch; the message names the field."""
+
+
+@dataclass(frozen=True)
+class MicrobatchSpec:
+    images: tuple[tuple[int, int], ...]
+    num_frames: tuple[int, ...] | None = None
+    temporal_patch_size: int = 1
+    patch_dim: int = DEFAULT_PATCH_DIM
+    seed: int = 0
+    name: str = "microbatch"
+
+    def __post_init__(self):
+        _validate(self)
+
+    # --- shapes -------------------------------------------------------------------------------
+    @property
+    def media_frames(self) -> tuple[int, ...]:
+        """Frames per media item; every row is its own item when num_frames is not given."""
+        return self.num_frames if self.num_frames is not None else (1,) * len(self.images)
+
+    @property
+    def grids(self) -> tuple[tuple[int, int], ...]:
+        """Patch grid (rows, cols) of each image row."""
+        return tuple((h // self.patch_dim, w // self.patch_dim) for h, w in self.images)
+
+    @property
+    def row_patches(self) -> tuple[int, ...]:
+        return tuple(gh * gw for gh, gw in self.grids)
+
+    @property
+    def num_tubelets(self) -> int:
+        return sum(math.ceil(n / self.temporal_patch_size) for n in self.media_frames)
+
+    # --- JSON ---------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "images": [list(s) for s in self.images]}
+        if self.num_frames is not None:
+            out["num_frames"] = list(self.num_frames)
+        out.update(temporal_patch_size=self.temporal_patch_size, patch_dim=self.patch_dim, seed=self.seed)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "spec") -> MicrobatchSpec:
+        if not isinstance(data, dict):
+            raise SpecError(f"{source}: expected a JSON object with fields {list(FIELDS)}, got {type(data).__name__}")
+        unknown = sorted(set(data) - set(FIELDS))
+        if unknown:
+            raise SpecError(f"{source}: unknown field(s) {unknown}; expected only {list(FIELDS)}")
+        if "images" not in data:
+            raise SpecError(f"{source}: field 'images' is missing; expected a list of [H, W] pairs")
+        images = data["images"]
+        if not isinstance(images, list) or not all(
+            isinstance(s, list | tuple) and len(s) == 2 and all(_is_int(v) for v in s) for s in images
+        ):
+            raise SpecError(f"{source}: field 'images' must be a list of [H, W] integer pairs, got {images!r}")
+        num_frames = data.get("num_frames")
+        if num_frames is not None and (not isinstance(num_frames, list) or not all(_is_int(n) for n in num_frames)):
+            raise SpecError(f"{source}: field 'num_frames' must be a list of integers, got {num_frames!r}")
+        for key in ("temporal_patch_size", "patch_dim", "seed"):
+            if key in data and not _is_int(data[key]):
+                raise SpecError(f"{source}: field '{key}' must be an integer, got {data[key]!r}")
+        if "name" in data and not isinstance(data["name"], str):
+            raise SpecError(f"{source}: field 'name' must be a string, got {data['name']!r}")
+        try:
+            return cls(
+                images=tuple((int(h), int(w)) for h, w in images),
+                num_frames=None if num_frames is None else tuple(num_frames),
+                temporal_patch_size=data.get("temporal_patch_size", 1),
+                patch_dim=data.get("patch_dim", DEFAULT_PATCH_DIM),
+                seed=data.get("seed", 0),
+                name=data.get("name", "microbatch"),
+            )
+        except SpecError as err:
+            raise SpecError(f"{source}: {err}") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> MicrobatchSpec:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except OSError as err:
+            raise SpecError(f"{path}: cannot read spec file ({err.strerror})") from None
+        except json.JSONDecodeError as err:
+            raise SpecError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+        return cls.from_dict(data, source=str(path))
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        return path
+
+    # --- tensors ------------------------------------------------------------------------------
+    def tensors(self, dtype=torch.float64, device="cpu") -> Microbatch:
+        """The microbatch's deterministic packed patches and per-row metadata."""
+        gen = torch.Generator().manual_seed(self.seed)
+        total = sum(self.row_patches)
+        patches = torch.randn(1, total, 3 * self.patch_dim**2, generator=gen, dtype=torch.float64)
+        cu = [0]
+        for n in self.row_patches:
+            cu.append(cu[-1] + n)
+        return Microbatch(
+            spec=self,
+            patches=patches.to(dtype=dtype, device=device),
+            imgs_sizes=torch.tensor(self.images, dtype=torch.int64, device=device).reshape(-1, 2),
+            cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device),
+        )
+
+
+@dataclass
+class Microbatch:
+    """Packed vision input as a VLM hands it to its encoder: patches [1, total_patches, 3*P*P]."""
+
+    spec: MicrobatchSpec
+    patches: torch.Tensor
+    imgs_sizes: torch.Tensor
+    cu_seqlens: torch.Tensor
+    extra: dict = field(default_factory=dict)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _validate(spec: MicrobatchSpec) -> None:
+    P, T = spec.patch_dim, spec.temporal_patch_size
+    if not _is_int(P) or P <= 0:
+        raise SpecError(f"field 'patch_dim' must be a positive integer, got {P!r}")
+    if not _is_int(T) or T <= 0:
+        raise SpecError(f"field 'temporal_patch_size' must be a positive integer, got {T!r}")
+    for i, (h, w) in enumerate(spec.images):
+        if h <= 0 or w <= 0:
+            raise SpecError(f"field 'images'[{i}] = [{h}, {w}]: sizes must be positive")
+        if h % P or w % P:
+            raise SpecError(f"field 'images'[{i}] = [{h}, {w}]: sizes must be multiples of patch_dim={P}")
+    if spec.num_frames is None:
+        if T > 1:
+            raise SpecError(f"field 'num_frames' is required when temporal_patch_size={T} > 1")
+        return
+    if any(n <= 0 for n in spec.num_frames):
+        raise SpecError(f"field 'num_frames' = {list(spec.num_frames)}: every media item needs at least one frame")
+    if sum(spec.num_frames) != len(spec.images):
+        raise SpecError(
+            f"field 'num_frames' = {list(spec.num_frames)} sums to {sum(spec.num_frames)}, "
+            f"expected len(images) = {len(spec.images)}"
+        )
+    if T > 1:  # frames of one tubelet are stacked channel-wise, so a video's frames share a size
+        start = 0
+        for m, n in enumerate(spec.num_frames):
+            sizes = set(spec.images[start : start + n])
+            if len(sizes) > 1:
+                raise SpecError(f"media item {m} (rows {start}..{start + n - 1}): frames of a video must share one size, got {sorted(sizes)}")
+            start += n
