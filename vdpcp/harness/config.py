@@ -1,0 +1,77 @@
+"""Defaults for what run_ranks is not told: the backend and the per-case timeout.
+
+Strongest first: the argument to run_ranks; configure() (the pytest plugin calls it with ``--backend``
+and ``--vdpcp-timeout``, the CLI with its own flags); the ``VDPCP_BACKEND`` / ``VDPCP_TIMEOUT``
+environment; the built-in default (``auto``, 120 s).
+"""
+
+import functools
+import os
+
+from vdpcp.harness.errors import BackendUnavailable
+
+BACKENDS = ("auto", "nccl", "gloo")
+DEFAULT_TIMEOUT_S = 120.0
+
+_configured: dict[str, object] = {}
+
+
+def configure(*, backend: str | None = None, timeout: float | None = None) -> None:
+    """Set this process's defaults; None leaves a setting to the environment."""
+    if backend is not None:
+        _configured["backend"] = _checked_backend(backend, "configure(backend=...)")
+    if timeout is not None:
+        _configured["timeout"] = _checked_timeout(timeout, "configure(timeout=...)")
+
+
+def default_backend() -> str:
+    if "backend" in _configured:
+        return _configured["backend"]
+    return _checked_backend(os.environ.get("VDPCP_BACKEND", "auto"), "VDPCP_BACKEND")
+
+
+def default_timeout() -> float:
+    if "timeout" in _configured:
+        return _configured["timeout"]
+    env = os.environ.get("VDPCP_TIMEOUT")
+    return DEFAULT_TIMEOUT_S if env is None else _checked_timeout(env, "VDPCP_TIMEOUT")
+
+
+def resolve_backend(requested: str | None, ranks_per_host: int) -> str:
+    """The concrete backend ("nccl" or "gloo") for a case with this many ranks on one host.
+
+    auto: NCCL when there is a GPU for every rank, else gloo on CPU. nccl without enough GPUs raises
+    BackendUnavailable.
+    """
+    name = _checked_backend(requested, "backend") if requested is not None else default_backend()
+    if name == "gloo":
+        return "gloo"
+    gpus = cuda_device_count()
+    if gpus >= ranks_per_host:
+        return "nccl"
+    if name == "nccl":
+        raise BackendUnavailable(f"backend nccl needs {ranks_per_host} GPUs (one per rank), found {gpus}")
+    return "gloo"
+
+
+@functools.cache
+def cuda_device_count() -> int:
+    import torch  # only here: choosing gloo never pays for importing torch in the caller
+
+    return torch.cuda.device_count()
+
+
+def _checked_backend(name: str, source: str) -> str:
+    if name not in BACKENDS:
+        raise ValueError(f"{source} is {name!r}; expected one of {', '.join(BACKENDS)}")
+    return name
+
+
+def _checked_timeout(value, source: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise ValueError(f"{source} is {value!r}; expected a positive number of seconds")
+    return seconds

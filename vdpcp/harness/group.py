@@ -1,0 +1,27 @@
+"""A worker's process group: kept across cases with the same GroupSpec, rebuilt when it changes."""
+
+import torch
+import torch.distributed as dist
+
+from vdpcp.harness.protocol import GroupSpec
+
+_current: GroupSpec | None = None
+
+
+def ensure(spec: GroupSpec, rank: int) -> None:
+    """Make the default process group the one ``spec`` describes, with this worker as ``rank``."""
+    global _current
+    if spec == _current:
+        return
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _current = None
+    if spec.backend == "nccl":
+        torch.cuda.set_device(rank)
+    store = dist.FileStore(spec.store_path, spec.world_size)
+    dist.init_process_group(spec.backend, store=store, rank=rank, world_size=spec.world_size)
+    _current = spec
+
+
+def device(backend: str, local_rank: int) -> torch.device:
+    return torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
