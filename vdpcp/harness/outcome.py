@@ -32,7 +32,8 @@ def capture(rank: int, call) -> Outcome:
         if kind is not None:
             return Outcome(rank, kind, summary=getattr(err, "msg", None) or str(err))
         summary = "raised " + traceback.format_exception_only(err)[-1].strip()
-        return Outcome(rank, RAISED, summary=summary, detail=traceback.format_exc())
+        detail = "".join(traceback.format_exception(type(err), err, _without_harness(err.__traceback__)))
+        return Outcome(rank, RAISED, summary=summary, detail=detail)
 
 
 def settle(outcomes: list[Outcome], what: str):
@@ -58,6 +59,13 @@ def failure_report(outcomes: list[Outcome], what: str) -> str:
     for o in faults:
         lines += ["", f"----- rank {o.rank}: {o.summary} -----", o.detail.rstrip() or "(nothing recorded)"]
     return "\n".join(lines)
+
+
+def _without_harness(tb):
+    """The traceback from the first frame that is not the harness's own (the body's, usually)."""
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_globals.get("__name__", "").startswith(__package__):
+        tb = tb.tb_next
+    return tb
 
 
 def _pytest_outcome_kind(err: BaseException) -> str | None:

@@ -1,10 +1,10 @@
-"""Warm rank workers for one caller process, grown on demand, torn down at the first fault.
+"""Warm rank workers for one caller process, grown on demand, discarded at the first fault.
 
-A case of world size k runs on workers 0..k-1. Their process group is rebuilt only when the case's
-(world size, backend) differs from the previous case's, or after a case some rank skipped (the ranks
-may have left it at different collectives). A rank that raises, dies or hangs tears the whole pool
-down: every worker is killed and the next case starts fresh ones, so one broken case never leaks
-into the next.
+A zygote (zygote.py) imports torch once; each worker is forked from it in milliseconds. A case of
+world size k runs on workers 0..k-1. Their process group is rebuilt only when the case's (world size,
+backend) differs from the previous case's, or after a case some rank skipped (the ranks may have left
+it at different collectives). A rank that raises, dies or hangs discards every worker: all are killed
+and the next case forks fresh ones, so one broken case never leaks into the next.
 """
 
 import os
@@ -16,10 +16,10 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 from vdpcp.harness.outcome import DIED, FAULTS, HUNG, OK, Outcome
-from vdpcp.harness.process import WorkerProcess
-from vdpcp.harness.protocol import Case, GroupSpec
+from vdpcp.harness.process import WorkerProcess, Zygote
+from vdpcp.harness.protocol import READY, Case, GroupSpec
 
-STARTUP_TIMEOUT_S = 300.0  # importing torch in 8 fresh processes on 2 cores takes about 10 s
+STARTUP_TIMEOUT_S = 120.0  # the zygote's torch import; forking a worker takes milliseconds
 FAULT_GRACE_S = 3.0  # after one rank fails, how long the others get to finish before their stacks are taken
 STACK_WAIT_S = 2.0
 OUTPUT_TAIL_LINES = 30
@@ -27,13 +27,15 @@ OUTPUT_TAIL_LINES = 30
 
 class WorkerPool:
     def __init__(self):
-        self._workers: list[WorkerProcess] = []
         self._dir: Path | None = None
+        self._zygote: Zygote | None = None
+        self._workers: list[WorkerProcess] = []
         self._generation = 0
         self._group: GroupSpec | None = None
 
     @property
     def pids(self) -> list[int]:
+        """The workers' pids, by rank (the zygote's is not among them)."""
         return [w.pid for w in self._workers]
 
     def run(self, call: bytes, world_size: int, backend: str, timeout: float) -> list[Outcome]:
@@ -42,36 +44,43 @@ class WorkerPool:
             self._grow(world_size)
             workers = self._workers[:world_size]
             spec = self._group_spec(world_size, backend)
-            context = dict(sys_path=list(sys.path), cwd=str(Path.cwd()), environ=dict(os.environ))
             for w in workers:
-                w.send(Case(w.rank, spec, call, **context))
+                w.send(Case(w.rank, spec, call, list(sys.path), os.getcwd(), dict(os.environ)))
             outcomes = self._collect(workers, timeout)
             self._report_output(workers, outcomes)
-        except BaseException:  # Ctrl-C or a bug here: never leave workers mid-case
+        except BaseException:  # Ctrl-C, or a fault of the harness itself: leave no worker mid-case
             self.shutdown()
             raise
         if any(o.kind in FAULTS for o in outcomes):
-            self.shutdown()
+            self._discard_workers()
         elif any(o.kind != OK for o in outcomes):
             self._group = None
         return outcomes
 
     def shutdown(self) -> None:
-        """Kill every worker and forget them; the next run starts afresh."""
+        """Kill every worker and the zygote; the next run starts from nothing."""
+        self._discard_workers()
+        if self._zygote is not None:
+            self._zygote.close()
+            self._zygote = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def _discard_workers(self) -> None:
         for w in self._workers:
             w.kill()
         for w in self._workers:
             w.reap()
         self._workers.clear()
         self._group = None
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
 
     def _grow(self, world_size: int) -> None:
-        if self._dir is None:
+        if self._zygote is None or not self._zygote.alive():
+            self.shutdown()
             self._dir = Path(tempfile.mkdtemp(prefix="vdpcp-pool-"))
-        starting = [WorkerProcess(rank, self._dir) for rank in range(len(self._workers), world_size)]
+            self._zygote = Zygote(self._dir, STARTUP_TIMEOUT_S)
+        starting = [WorkerProcess(rank, self._zygote, self._dir) for rank in range(len(self._workers), world_size)]
         self._workers += starting
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while starting:
@@ -79,11 +88,11 @@ class WorkerPool:
                 raise RuntimeError(f"rank workers {[w.rank for w in starting]} not ready after {STARTUP_TIMEOUT_S:g} s")
             wait([x for w in starting for x in w.waitables()], timeout=deadline - time.monotonic())
             for w in list(starting):
-                ready = w.poll_ready()
-                if isinstance(ready, Outcome):
-                    raise RuntimeError(f"rank {w.rank}'s worker failed to start ({ready.summary}); "
+                message = w.poll()
+                if isinstance(message, Outcome):
+                    raise RuntimeError(f"rank {w.rank}'s worker failed to start ({message.summary}); "
                                        f"its output:\n{w.take_output()}")
-                if ready:
+                if message == READY:
                     starting.remove(w)
 
     def _group_spec(self, world_size: int, backend: str) -> GroupSpec:
@@ -137,3 +146,4 @@ def _stacks(workers: list[WorkerProcess]) -> dict[int, str]:
             break
         sizes = now
     return {w.rank: w.read_stack() or "(no stack: it did not answer SIGUSR1)" for w in workers}
+

@@ -1,4 +1,4 @@
-"""The caller's handle on one warm worker process: start it, talk to it, read its files, kill it."""
+"""The caller's handles on its zygote and on each warm worker the zygote forks."""
 
 import os
 import pickle
@@ -7,7 +7,8 @@ import socket
 import subprocess
 import sys
 import threading
-from multiprocessing.connection import Connection
+import time
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 import vdpcp
@@ -16,31 +17,113 @@ from vdpcp.harness.protocol import READY, Case
 
 _PACKAGE_ROOT = str(Path(vdpcp.__file__).resolve().parents[1])
 _ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+_HARNESS_DIR = str(Path(__file__).resolve().parent) + os.sep
+EXIT_REPORT_S = 5.0  # how long the zygote may take to report a worker's exit code
 
 
-class WorkerProcess:
-    """Rank ``rank``'s worker. Its output goes to DIR/rank<r>.log, its stack dumps to DIR/rank<r>.stack."""
+class ZygoteGone(RuntimeError):
+    """The zygote exited: its workers are gone too (they die with it) and the pool must start over."""
 
-    def __init__(self, rank: int, directory: Path):
-        self.rank = rank
-        self.log_path = directory / f"rank{rank}.log"
-        self.stack_path = directory / f"rank{rank}.stack"
-        self._log_offset = 0
-        ours, theirs = socket.socketpair()
+
+class Zygote:
+    """The pool's forking server (see zygote.py); its output goes to DIR/zygote.log."""
+
+    def __init__(self, directory: Path, startup_timeout: float):
+        self.log_path = directory / "zygote.log"
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(os.environ, **_ONE_THREAD, VDPCP_HARNESS_WORKER="1", PYTHONUNBUFFERED="1",
                    PYTHONPATH=os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p))
-        argv = [sys.executable, "-m", "vdpcp.harness.worker", str(theirs.fileno()), str(os.getpid()), str(self.stack_path)]
+        argv = [sys.executable, "-m", "vdpcp.harness.zygote", str(theirs.fileno()), str(os.getpid())]
         if threading.current_thread() is threading.main_thread():
             argv.append("--deathsig")
         with open(self.log_path, "ab") as log, theirs:
             self.process = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                             stdout=log, stderr=subprocess.STDOUT, env=env)
-        self.conn = Connection(ours.detach())
-        self.pidfd = os.pidfd_open(self.process.pid)  # readable once it exits, whoever holds its socket
+        self._sock = ours
+        self._forked: dict[int, int] = {}  # rank -> pid, until fork() hands it out
+        self._exit_codes: dict[int, int] = {}  # pid -> exit code (negative: killed by that signal)
+        self._ready = False
+        deadline = time.monotonic() + startup_timeout
+        while not self._ready:
+            if time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"the rank zygote was not ready after {startup_timeout:g} s; its output:\n"
+                                   f"{self.log_path.read_text(errors='replace')}")
+            self._receive(deadline - time.monotonic())
 
-    @property
-    def pid(self) -> int:
-        return self.process.pid
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def fork(self, rank: int, log_path: Path, stack_path: Path) -> tuple[int, Connection]:
+        """Fork rank ``rank``'s worker; its pid and the caller's end of its socket."""
+        ours, theirs = socket.socketpair()
+        with theirs:
+            try:
+                socket.send_fds(self._sock, [pickle.dumps(("fork", rank, str(log_path), str(stack_path)))],
+                                [theirs.fileno()])
+            except OSError as err:
+                raise ZygoteGone(self._obituary()) from err
+        deadline = time.monotonic() + EXIT_REPORT_S
+        while rank not in self._forked:
+            if time.monotonic() > deadline:
+                raise ZygoteGone(f"the rank zygote did not fork rank {rank} within {EXIT_REPORT_S:g} s")
+            self._receive(deadline - time.monotonic())
+        return self._forked.pop(rank), Connection(ours.detach())
+
+    def exit_code(self, pid: int) -> int | None:
+        """The exit code of a worker that has exited, once the zygote reaped it; None if it cannot say."""
+        deadline = time.monotonic() + EXIT_REPORT_S
+        while pid not in self._exit_codes and time.monotonic() < deadline:
+            try:
+                self._receive(deadline - time.monotonic())
+            except ZygoteGone:
+                return None
+        return self._exit_codes.pop(pid, None)
+
+    def close(self) -> None:
+        """Let it go (it exits when its socket closes); kill it if it lingers."""
+        self._sock.close()
+        try:
+            self.process.wait(timeout=EXIT_REPORT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def _receive(self, timeout: float) -> None:
+        if not wait([self._sock], timeout=max(timeout, 0)):
+            if not self.alive():
+                raise ZygoteGone(self._obituary())
+            return
+        data = self._sock.recv(4096)
+        if not data:
+            raise ZygoteGone(self._obituary())
+        kind, *rest = pickle.loads(data)
+        if kind == "ready":
+            self._ready = True
+        elif kind == "forked":
+            self._forked[rest[0]] = rest[1]
+        elif kind == "exited":
+            self._exit_codes[rest[0]] = rest[1]
+
+    def _obituary(self) -> str:
+        code = self.process.wait()
+        return (f"the rank zygote exited ({describe_exit(code)}); its output:\n"
+                f"{self.log_path.read_text(errors='replace')}")
+
+
+class WorkerProcess:
+    """Rank ``rank``'s worker. Its output goes to DIR/rank<r>.log, its stack dumps to DIR/rank<r>.stack."""
+
+    def __init__(self, rank: int, zygote: Zygote, directory: Path):
+        self.rank = rank
+        self.log_path = directory / f"rank{rank}.log"
+        self.stack_path = directory / f"rank{rank}.stack"
+        self._log_offset = 0
+        self._zygote = zygote
+        self.pid, self.conn = zygote.fork(rank, self.log_path, self.stack_path)
+        self.pidfd = os.pidfd_open(self.pid)  # readable once it exits; signals through it never hit a reused pid
+        self.exit_code: int | None = None
+        self._reaped = False
 
     def waitables(self) -> tuple:
         return self.conn, self.pidfd
@@ -51,13 +134,8 @@ class WorkerProcess:
         except OSError:
             pass  # it is dead; poll() reports how
 
-    def poll_ready(self) -> Outcome | bool:
-        """True once it said READY, False while still starting, the DIED outcome if it failed to start."""
-        message = self.poll()
-        return message if isinstance(message, Outcome) else message == READY
-
     def poll(self) -> Outcome | bytes | None:
-        """The worker's next message (an Outcome, or raw READY), a DIED Outcome, or None while it works."""
+        """Its next message (an Outcome, or READY), a DIED Outcome, or None while it works."""
         if self.conn.poll():
             try:
                 data = self.conn.recv_bytes()
@@ -69,51 +147,66 @@ class WorkerProcess:
                 return pickle.loads(data)
             except Exception as err:  # noqa: BLE001 - e.g. a value of a class only the rank can import
                 return Outcome(self.rank, RAISED, summary=f"returned a value the caller cannot unpickle: {err!r}")
-        if self.process.poll() is not None:
+        if wait([self.pidfd], timeout=0):
             return self._death()
         return None
 
     def _death(self) -> Outcome:
-        try:
-            code = self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:  # closed its socket yet lives on: treat it as gone
-            self.process.kill()
-            code = self.process.wait()
-        if code < 0:
-            try:
-                summary = f"died: killed by signal {signal.Signals(-code).name}"
-            except ValueError:
-                summary = f"died: killed by signal {-code}"
-        else:
-            summary = f"died: exited with code {code}"
-        return Outcome(self.rank, DIED, summary=summary, detail=self.read_stack())
+        self.kill()  # it may have closed its socket yet live on
+        self._reap()
+        return Outcome(self.rank, DIED, summary=f"died: {describe_exit(self.exit_code)}", detail=self.read_stack())
 
     def request_stack(self) -> None:
-        try:
-            os.kill(self.pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
+        self._signal(signal.SIGUSR1)
 
     def read_stack(self) -> str:
+        """What faulthandler wrote, less the harness's own frames (every rank has the same ones)."""
         try:
-            return self.stack_path.read_text(errors="replace")
+            dump = self.stack_path.read_text(errors="replace")
         except FileNotFoundError:
             return ""
+        return "\n".join(line for line in dump.splitlines() if _HARNESS_DIR not in line and "<frozen runpy>" not in line)
 
     def take_output(self) -> str:
         """What it printed since the last call."""
-        with open(self.log_path, "rb") as log:
-            log.seek(self._log_offset)
-            data = log.read()
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self._log_offset)
+                data = log.read()
+        except FileNotFoundError:
+            return ""
         self._log_offset += len(data)
         return data.decode(errors="replace")
 
     def kill(self) -> None:
-        """SIGKILL without waiting; reap() collects it."""
-        if self.process.poll() is None:
-            self.process.kill()
+        """SIGKILL, without waiting; reap() confirms."""
+        self._signal(signal.SIGKILL)
 
     def reap(self) -> None:
-        self.process.wait()
+        """Wait until it is gone and the zygote has reaped it, then drop our descriptors."""
+        self._reap()
         self.conn.close()
         os.close(self.pidfd)
+
+    def _reap(self) -> None:
+        if not self._reaped:
+            wait([self.pidfd], timeout=EXIT_REPORT_S)
+            self.exit_code = self._zygote.exit_code(self.pid)
+            self._reaped = True
+
+    def _signal(self, signum: int) -> None:
+        try:
+            signal.pidfd_send_signal(self.pidfd, signum)
+        except ProcessLookupError:
+            pass
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "exit code unknown: the zygote that reaps it is gone"
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        return f"killed by signal {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"

@@ -26,14 +26,21 @@ def remember_fresh() -> None:
 
 
 def reset() -> None:
-    """Put torch's RNG and global settings back to their fresh values (seeding covers every GPU)."""
+    """Put torch's RNG and global settings back to their fresh values (seeding covers every GPU).
+
+    A setting is only written when a case changed it: use_deterministic_algorithms alone imports
+    torch._dynamo, over a second of a case's time.
+    """
     import torch
 
     remember_fresh()
     torch.manual_seed(_fresh["seed"])
-    torch.set_default_dtype(_fresh["dtype"])
-    torch.set_default_device(_fresh["device"])
-    torch.use_deterministic_algorithms(_fresh["deterministic"])
+    if torch.get_default_dtype() != _fresh["dtype"]:
+        torch.set_default_dtype(_fresh["dtype"])
+    if torch.get_default_device() != _fresh["device"]:
+        torch.set_default_device(_fresh["device"])
+    if torch.are_deterministic_algorithms_enabled() != _fresh["deterministic"]:
+        torch.use_deterministic_algorithms(_fresh["deterministic"])
     torch.set_grad_enabled(True)
 
 

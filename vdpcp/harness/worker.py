@@ -1,10 +1,8 @@
-"""A warm rank: ``python -m vdpcp.harness.worker FD CALLER_PID STACK_FILE [--deathsig]``.
+"""A warm rank worker, forked by the zygote: runs one Case at a time until it reads None or EOF.
 
-Started fresh by the pool (never forked from a torch-laden caller), it imports torch once, says READY
-over the socket FD, then runs one Case at a time until it reads None or EOF. It dies with its caller:
-the kernel kills it when the caller goes (PR_SET_PDEATHSIG, asked for only when the caller spawned it
-from its main thread, since the signal follows the spawning thread) and a watchdog thread exits when
-its parent changes. SIGUSR1 writes every thread's Python stack to STACK_FILE; so does a fatal signal.
+Its output goes to a per-rank log file the caller reads; SIGUSR1 (and any fatal signal) writes every
+thread's Python stack to a per-rank stack file, which is how a hung or crashed rank's stack reaches the
+report. It dies with the zygote (PR_SET_PDEATHSIG), which dies with the caller.
 """
 
 import ctypes
@@ -23,21 +21,17 @@ from vdpcp.harness.outcome import RAISED, Outcome, capture
 from vdpcp.harness.protocol import READY, Case
 
 PR_SET_PDEATHSIG = 1
-_WORKER_ENV = {"VDPCP_HARNESS_WORKER": "1"}
 
 
-def main(argv: list[str]) -> None:
-    fd, caller_pid, stack_path = int(argv[0]), int(argv[1]), argv[2]
-    tie_life_to(caller_pid, deathsig="--deathsig" in argv)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's; it kills us on its way out
+def serve(fd: int, rank: int, log_path: str, stack_path: str, zygote_pid: int) -> None:
+    die_with_parent(zygote_pid, deathsig=True, watch=True)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
     stacks = open(stack_path, "w")
     faulthandler.enable(stacks, all_threads=True)
     faulthandler.register(signal.SIGUSR1, stacks, all_threads=True)
-
-    import torch
-
-    torch.set_num_threads(1)  # 8 ranks share 2 cores; OMP/MKL were set to 1 in our environment
-    torch.set_num_interop_threads(1)
     state.remember_fresh()
 
     conn = Connection(fd)
@@ -92,22 +86,22 @@ def adopt_caller(case: Case) -> None:
     os.environ.clear()
     os.environ.update(case.environ)
     os.environ.update({name: str(value) for name, value in launcher_view.items()})
-    os.environ.update(_WORKER_ENV)
+    os.environ["VDPCP_HARNESS_WORKER"] = "1"
 
 
-def tie_life_to(caller_pid: int, deathsig: bool) -> None:
+def die_with_parent(parent_pid: int, deathsig: bool, watch: bool) -> None:
+    """Exit when ``parent_pid`` goes. The kernel's PDEATHSIG follows the thread that started us, so it is
+    only asked for when that was the parent's main thread (always so for the zygote's forks); if it is
+    not in force and ``watch``, a thread polls our parent instead."""
     if deathsig:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != caller_pid:  # the caller went before the kernel was told to watch it
+        deathsig = ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) == 0
+    if os.getppid() != parent_pid:  # the parent went before the kernel was told to watch it
         os._exit(1)
-    threading.Thread(target=_exit_when_orphaned, args=(caller_pid,), name="vdpcp-caller-watch", daemon=True).start()
+    if watch and not deathsig:
+        threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), name="vdpcp-parent-watch", daemon=True).start()
 
 
-def _exit_when_orphaned(caller_pid: int) -> None:
-    while os.getppid() == caller_pid:
+def _exit_when_orphaned(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
         time.sleep(1.0)
     os._exit(1)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
