@@ -66,7 +66,7 @@ def _context(backend: str | None) -> RankContext:
 
 
 def _call(fn, ctx: RankContext, args: tuple, kwargs: dict):
-    state.reset()
+    state.reset(ctx.rank)
     try:
         return fn(ctx, *args, **kwargs)
     finally:

@@ -7,6 +7,7 @@ itself; it only cleans up one that the case imported.
 
 import sys
 
+CASE_SEED = 67280421310721  # torch's historical default seed; rank r starts at CASE_SEED + r
 _fresh: dict | None = None
 
 
@@ -18,15 +19,17 @@ def remember_fresh() -> None:
     import torch
 
     _fresh = {
-        "seed": torch.initial_seed(),
         "dtype": torch.get_default_dtype(),
         "device": torch.get_default_device(),
         "deterministic": torch.are_deterministic_algorithms_enabled(),
     }
 
 
-def reset() -> None:
-    """Put torch's RNG and global settings back to their fresh values (seeding covers every GPU).
+def reset(rank: int) -> None:
+    """Seed torch (every GPU too) with CASE_SEED + rank and put its global settings back to fresh.
+
+    A fresh process of this torch draws a random seed; a fixed one per rank keeps a case reproducible
+    run to run while ranks still draw different numbers, as separate processes would.
 
     A setting is only written when a case changed it: use_deterministic_algorithms alone imports
     torch._dynamo, over a second of a case's time.
@@ -34,7 +37,7 @@ def reset() -> None:
     import torch
 
     remember_fresh()
-    torch.manual_seed(_fresh["seed"])
+    torch.manual_seed(CASE_SEED + rank)
     if torch.get_default_dtype() != _fresh["dtype"]:
         torch.set_default_dtype(_fresh["dtype"])
     if torch.get_default_device() != _fresh["device"]:

@@ -65,7 +65,7 @@ def call(case: Case):
     from vdpcp.harness.context import RankContext
 
     group.ensure(case.group, case.rank)
-    state.reset()
+    state.reset(case.rank)
     fn, args, kwargs = pickle.loads(case.call)
     backend = case.group.backend
     ctx = RankContext(case.rank, case.group.world_size, dist.group.WORLD, backend, group.device(backend, case.rank))

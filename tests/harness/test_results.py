@@ -1,0 +1,120 @@
+"""run_ranks hands every rank the same body and returns what each rank returned, in rank order."""
+
+import os
+import sys
+import types
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from vdpcp.harness import run_ranks
+from vdpcp.harness.state import CASE_SEED
+
+
+def gather_ranks(ctx):
+    gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(ctx.world_size)]
+    dist.all_gather(gathered, torch.tensor([10 * ctx.rank]), group=ctx.group)
+    return [int(t) for t in gathered]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4, 8])
+def test_all_gather_sees_every_rank(world_size):
+    assert run_ranks(gather_ranks, world_size) == [[10 * r for r in range(world_size)]] * world_size
+
+
+def whoami(ctx, *args, **kwargs):
+    return dict(rank=ctx.rank, world_size=ctx.world_size, group_size=ctx.group.size(), backend=ctx.backend,
+                device=str(ctx.device), pid=os.getpid(), args=args, kwargs=kwargs)
+
+
+def test_results_are_indexed_by_rank_and_every_rank_gets_the_arguments():
+    results = run_ranks(whoami, 4, 1, "two", three=3.0)
+    assert [r["rank"] for r in results] == [0, 1, 2, 3]
+    assert {(r["world_size"], r["group_size"]) for r in results} == {(4, 4)}
+    assert {(r["args"], tuple(r["kwargs"].items())) for r in results} == {((1, "two"), (("three", 3.0),))}
+    for r in results:
+        assert r["device"] == ("cpu" if r["backend"] == "gloo" else f"cuda:{r['rank']}")
+
+
+def test_workers_stay_warm_across_cases():
+    first = [r["pid"] for r in run_ranks(whoami, 2)]
+    assert [r["pid"] for r in run_ranks(whoami, 2)] == first
+    assert os.getpid() not in first
+
+
+def draw_then_dirty(ctx):
+    drawn = torch.rand(3)
+    torch.manual_seed(1234)
+    torch.set_default_dtype(torch.float64)
+    torch.set_grad_enabled(False)
+    return drawn
+
+
+def draw(ctx):
+    return torch.rand(3), torch.get_default_dtype(), torch.is_grad_enabled()
+
+
+def test_each_case_starts_from_fresh_torch_state_seeded_by_rank():
+    expected = [torch.rand(3, generator=torch.Generator().manual_seed(CASE_SEED + rank)) for rank in (0, 1)]
+    assert not torch.equal(*expected)
+    for drawn, fresh in zip(run_ranks(draw_then_dirty, 2), expected):
+        torch.testing.assert_close(drawn, fresh)
+    for (drawn, dtype, grad), fresh in zip(run_ranks(draw, 2), expected):
+        torch.testing.assert_close(drawn, fresh)
+        assert (dtype, grad) == (torch.float32, True)
+
+
+PARALLEL_STATE = "megatron.core.parallel_state"
+
+
+def install_initialised_parallel_state(ctx):
+    """Stand in for MCore's parallel_state (importing the real one costs seconds per rank)."""
+    fake = types.ModuleType(PARALLEL_STATE)
+    fake.replaced = sys.modules.get(PARALLEL_STATE)
+    fake.initialised = True
+    fake.is_initialized = fake.model_parallel_is_initialized = lambda: fake.initialised
+    fake.destroy_model_parallel = lambda: setattr(fake, "initialised", False)
+    sys.modules[PARALLEL_STATE] = fake
+
+
+def parallel_state_initialised(ctx):
+    fake = sys.modules.pop(PARALLEL_STATE)
+    if fake.replaced is not None:
+        sys.modules[PARALLEL_STATE] = fake.replaced
+    return fake.initialised
+
+
+def test_mcore_parallel_state_is_destroyed_after_each_case():
+    run_ranks(install_initialised_parallel_state, 2)
+    assert run_ranks(parallel_state_initialised, 2) == [False, False]
+
+
+def environment_view(ctx):
+    return os.environ.get("VDPCP_PROBE"), os.environ["RANK"], os.environ["WORLD_SIZE"], os.getcwd()
+
+
+def test_ranks_see_the_callers_environment_and_directory(monkeypatch, tmp_path):
+    monkeypatch.setenv("VDPCP_PROBE", "set by the caller")
+    monkeypatch.chdir(tmp_path)
+    assert run_ranks(environment_view, 2) == [("set by the caller", str(r), "2", str(tmp_path)) for r in (0, 1)]
+
+
+def say_hello(ctx):
+    print(f"hello from rank {ctx.rank}")
+
+
+def test_what_ranks_print_reaches_the_callers_output(capsys):
+    run_ranks(say_hello, 2)
+    out = capsys.readouterr().out
+    assert "[rank 0] hello from rank 0" in out and "[rank 1] hello from rank 1" in out
+
+
+def test_the_run_ranks_fixture_is_the_harness_function(run_ranks, request):
+    assert run_ranks(whoami, 1)[0]["rank"] == 0
+    assert request.node.get_closest_marker("distributed") is not None
+
+
+def test_a_body_must_be_importable_by_the_ranks():
+    with pytest.raises(TypeError, match="module-level function"):
+        run_ranks(lambda ctx: None, 2)
