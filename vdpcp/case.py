@@ -1,0 +1,223 @@
+"""One correctness case: the sharded encoder against the unsharded one, in outputs and in gradients.
+
+``check_case`` runs on every rank of a CP group (through the harness). Each rank r weights the gathered
+features with its own deterministic random tensor W_r and takes L_r = sum(W_r * features), as each CP rank's
+language model consumes its own tokens; the unsharded reference, computed on the same rank in one process,
+takes L = sum over r of L_r. Then:
+
+1. outputs: the gathered features on every rank equal the unsharded features, row for row;
+2. input grads: with sharding on, each rank's gradient for its own images' patches equals the unsharded
+   one and is zero elsewhere (it read no other image); with sharding off, the sum over ranks does;
+3. parameter grads: the sum over CP ranks of the tower's and projector's gradients equals the unsharded ones;
+4. no rank runs an empty encoder (placeholders exist for exactly that).
+
+Tolerances are torch.testing.assert_close's defaults for the dtype, never loosened.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+
+from vdpcp import comm
+from vdpcp.model import TowerConfig, VisionModel
+from vdpcp.sharded import VisionDPConfig, encode_sharded, encode_unsharded, plan_for
+from vdpcp.spec import MicrobatchSpec
+
+IMPLS = ("reference", "mcore")
+LOSSES = ("rank", "zigzag")
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+# The fused sequence around the vision tokens, for the zigzag loss: text before and after the media.
+TEXT_BEFORE, TEXT_AFTER = 3, 5
+
+
+@dataclass(frozen=True)
+class Case:
+    spec: MicrobatchSpec
+    cp: int  # world size of the CP group
+    impl: str = "reference"
+    split: str = "count"
+    loss: str = "rank"
+    vision_dp_over_cp: bool = True
+    config_cp: int | None = None  # the configured context_parallel_size; None means cp
+    dtype: str = "float64"
+    even_pad: bool = True
+    mutant: str | None = None  # name in vdpcp.mutants, applied inside every rank for this case
+
+    @property
+    def config(self) -> VisionDPConfig:
+        return VisionDPConfig(
+            context_parallel_size=self.cp if self.config_cp is None else self.config_cp,
+            vision_dp_over_cp=self.vision_dp_over_cp,
+            strategy=self.split,
+        )
+
+    @property
+    def tower(self) -> TowerConfig:
+        return TowerConfig(
+            patch_dim=self.spec.patch_dim,
+            temporal_patch_size=self.spec.temporal_patch_size,
+            pad_odd_grids=self.even_pad,
+            seed=self.spec.seed,
+        )
+
+    @property
+    def id(self) -> str:
+        parts = [self.spec.name, f"cp{self.cp}", self.impl, self.split]
+        if self.loss != "rank":
+            parts.append(self.loss)
+        if not self.vision_dp_over_cp:
+            parts.append("optout")
+        if self.config_cp is not None:
+            parts.append(f"config-cp{self.config_cp}")
+        if self.dtype != "float64":
+            parts.append(self.dtype)
+        if not self.even_pad:
+            parts.append("no-even-pad")
+        if self.mutant:
+            parts.append(f"mutant-{self.mutant}")
+        return "-".join(parts)
+
+    def with_(self, **changes) -> Case:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["spec"] = self.spec.to_dict()
+        return out
+
+
+@dataclass
+class RankResult:
+    rank: int
+    images: int  # real rows this rank encoded
+    placeholders: int
+    patches: int
+    out_err: float = 0.0
+    input_grad_err: float = 0.0
+    param_grad_err: float = 0.0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def check_case(ctx, case: Case) -> RankResult:
+    """The rank body: run ``case`` on this rank of ``ctx.group`` and compare with the unsharded encoder."""
+    from vdpcp import mutants  # only the mutant matrix needs it; kept out of the reference's imports
+
+    with mutants.applied(case.mutant):
+        return _check(ctx, case)
+
+
+def _check(ctx, case: Case) -> RankResult:
+    dtype, device = DTYPES[case.dtype], ctx.device
+    config = case.config
+    result = _assignment(case, ctx.rank)
+
+    model = VisionModel(case.tower).to(device=device, dtype=dtype)
+    batch = case.spec.tensors(dtype=dtype, device=device)
+    batch.patches.requires_grad_(True)
+    features = _encode(case, model, batch, ctx)
+
+    reference = VisionModel(case.tower).to(device=device, dtype=dtype)
+    ref_batch = case.spec.tensors(dtype=dtype, device=device)
+    ref_batch.patches.requires_grad_(True)
+    ref_features = encode_unsharded(reference, ref_batch)
+
+    weights = [loss_weights(case, r, ref_features.shape, dtype, device) for r in range(case.cp)]
+    result.out_err = _compare(result, "outputs", features, ref_features)
+    (weights[ctx.rank] * features).sum().backward()
+    sum((w * ref_features).sum() for w in weights).backward()
+
+    grad = _grad(batch.patches)
+    if config.shard_vision:
+        own = _own_patch_mask(case, ctx.rank, batch)
+        result.input_grad_err = _compare(result, "input grads (own images)", grad[:, own], _grad(ref_batch.patches)[:, own])
+        stray = grad[:, ~own].abs().max().item() if (~own).any() else 0.0
+        if stray != 0.0:
+            result.failures.append(f"input grads: rank {ctx.rank} has gradient {stray:.3g} on images it does not own")
+    else:
+        summed = comm.all_reduce_sum(grad, ctx.group)
+        result.input_grad_err = _compare(result, "input grads (summed over ranks)", summed, _grad(ref_batch.patches))
+    summed_params = comm.all_reduce_sum(_flat_grads(model), ctx.group)
+    result.param_grad_err = _compare(result, "param grads (summed over ranks)", summed_params, _flat_grads(reference))
+    return result
+
+
+def _encode(case: Case, model, batch, ctx):
+    if case.impl == "reference":
+        return encode_sharded(model, batch, case.config, ctx.group)
+    if case.impl == "mcore":
+        from vdpcp.mcore import encode_sharded_mcore, ensure_parallel_state
+
+        ensure_parallel_state(case.cp)  # MCore's groups follow the world; the config may disagree on purpose
+        return encode_sharded_mcore(model, batch, case.config)
+    raise ValueError(f"impl must be one of {IMPLS}, got {case.impl!r}")
+
+
+def _assignment(case: Case, rank: int) -> RankResult:
+    """What this rank encodes; a sharded rank with no rows at all would run an empty encoder."""
+    if not case.config.shard_vision:
+        spec = case.spec
+        return RankResult(rank, len(spec.images), 0, sum(spec.row_patches))
+    shard = plan_for(case.spec, case.config).shard(rank)
+    result = RankResult(rank, shard.num_real_rows, shard.num_placeholders, shard.num_patches)
+    if shard.num_rows == 0:
+        result.failures.append(f"plan: rank {rank} got no image and no placeholder (an empty encoder)")
+    return result
+
+
+def loss_weights(case: Case, rank: int, shape, dtype, device) -> torch.Tensor:
+    """W_rank: deterministic per (spec seed, rank); under zigzag, zero outside the rank's LM shard."""
+    gen = torch.Generator().manual_seed(1_000_003 * case.spec.seed + rank)
+    w = torch.randn(shape, generator=gen, dtype=torch.float64)
+    if case.loss == "zigzag":
+        w = w * zigzag_rows(shape[0], case.cp, rank).unsqueeze(-1)
+    return w.to(dtype=dtype, device=device)
+
+
+def zigzag_rows(num_vision: int, cp: int, rank: int) -> torch.Tensor:
+    """Which vision rows rank ``rank`` holds when the fused text+vision sequence is CP-split zigzag-wise.
+
+    The sequence (text, vision tokens, text) is padded to a multiple of 2*cp and cut into 2*cp chunks;
+    rank r holds chunks r and 2*cp-1-r, so most ranks' gradient for an image comes from other ranks.
+    """
+    length = TEXT_BEFORE + num_vision + TEXT_AFTER
+    chunk = math.ceil(length / (2 * cp))
+    chunk_of = torch.arange(TEXT_BEFORE, TEXT_BEFORE + num_vision) // chunk
+    return ((chunk_of == rank) | (chunk_of == 2 * cp - 1 - rank)).to(torch.float64)
+
+
+def _own_patch_mask(case: Case, rank: int, batch) -> torch.Tensor:
+    """Patch positions of the real images this rank encodes (the count plan is MCore's split, parity-tested)."""
+    plan = plan_for(case.spec, case.config if case.impl == "reference" else replace(case.config, strategy="count"))
+    shard = plan.shard(rank)
+    stop = min(shard.stop, plan.num_real_rows)
+    mask = torch.zeros(batch.patches.shape[1], dtype=torch.bool, device=batch.patches.device)
+    if shard.start < stop:
+        mask[int(batch.cu_seqlens[shard.start]) : int(batch.cu_seqlens[stop])] = True
+    return mask
+
+
+def _compare(result: RankResult, what: str, actual: torch.Tensor, expected: torch.Tensor) -> float:
+    if actual.shape != expected.shape:
+        result.failures.append(f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
+        return math.inf
+    err = (actual.detach() - expected.detach()).abs().max().item() if actual.numel() else 0.0
+    try:
+        torch.testing.assert_close(actual.detach(), expected.detach())
+    except AssertionError as mismatch:
+        result.failures.append(f"{what}: {str(mismatch).splitlines()[0]} (max abs error {err:.3g})")
+    return err
+
+
+def _grad(t: torch.Tensor) -> torch.Tensor:
+    return t.grad if t.grad is not None else torch.zeros_like(t)
+
+
+def _flat_grads(model) -> torch.Tensor:
+    return torch.cat([_grad(p).reshape(-1) for p in model.parameters()])

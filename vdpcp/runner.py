@@ -1,0 +1,56 @@
+"""Run one Case on its ranks and reduce the per-rank results to a verdict.
+
+Shared by ``vdpcp check``, ``replay``, ``fuzz`` and ``mutants`` and by the pytest matrix, so every entry
+point judges a case the same way. A case either passes (every rank's checks hold), fails (a check does
+not hold on some rank), or errors (a rank raised, died or hung: the harness's RankFailure text is kept).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vdpcp.case import Case, RankResult, check_case
+from vdpcp.harness import RankFailure, run_ranks
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    ranks: list[RankResult] = field(default_factory=list)
+    error: str | None = None  # a rank raised, died or hung
+
+    @property
+    def verdict(self) -> str:
+        if self.error is not None:
+            return "error"
+        return "pass" if all(r.ok for r in self.ranks) else "fail"
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    @property
+    def failures(self) -> list[str]:
+        if self.error is not None:
+            return [self.error]
+        return [f"rank {r.rank}: {msg}" for r in self.ranks for msg in r.failures]
+
+    def max_err(self, attr: str) -> float:
+        return max((getattr(r, attr) for r in self.ranks), default=float("nan"))
+
+    def summary(self) -> str:
+        """One paragraph: the case, what each rank encoded, and what failed."""
+        lines = [f"{self.case.id}: {self.verdict}"]
+        for r in self.ranks:
+            lines.append(f"  rank {r.rank}: {r.images} images, {r.placeholders} placeholders, {r.patches} patches")
+        lines += [f"  {msg}" for msg in self.failures]
+        return "\n".join(lines)
+
+
+def run_case(case: Case, backend: str | None = None, timeout: float | None = None) -> CaseResult:
+    """Run ``case`` on ``case.cp`` ranks. Skips and xfails raised in a rank propagate to the caller."""
+    try:
+        ranks = run_ranks(check_case, case.cp, case, backend=backend, timeout=timeout)
+    except RankFailure as failure:
+        return CaseResult(case, error=str(failure))
+    return CaseResult(case, ranks=ranks)
