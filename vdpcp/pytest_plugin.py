@@ -1,8 +1,9 @@
 """vdpcp's pytest plugin: harness options, the ``run_ranks`` fixture, and the pools' shutdown.
 
 Options: ``--backend {auto,nccl,gloo}`` (default: $VDPCP_BACKEND, else auto) and
-``--vdpcp-timeout SECONDS`` per case (default: $VDPCP_TIMEOUT, else 120). A test body runs on every
-rank; the test names it and a world size::
+``--vdpcp-timeout SECONDS`` per case (default: $VDPCP_TIMEOUT, else 120). The ini setting
+``vdpcp_preload`` (default: $VDPCP_PRELOAD, comma-separated) names modules the rank zygote imports once
+so that every rank starts with them. A test body runs on every rank; the test names it and a world size::
 
     def all_ranks_agree(ctx, value): ...          # module level, takes the RankContext first
 
@@ -26,10 +27,13 @@ def pytest_addoption(parser):
                          "nccl with a GPU per rank, else gloo)")
     group.addoption("--vdpcp-timeout", type=float, default=None, metavar="SECONDS",
                     help="seconds before a distributed case counts as hung (default: $VDPCP_TIMEOUT or 120)")
+    parser.addini("vdpcp_preload", type="args", default=[],
+                  help="modules imported once in the rank zygote, so every rank starts with them")
 
 
 def pytest_configure(config):
-    harness.configure(backend=config.getoption("backend"), timeout=config.getoption("vdpcp_timeout"))
+    harness.configure(backend=config.getoption("backend"), timeout=config.getoption("vdpcp_timeout"),
+                      preload=config.getini("vdpcp_preload") or None)
 
 
 def pytest_collection_modifyitems(items):

@@ -1,8 +1,9 @@
-"""Defaults for what run_ranks is not told: the backend and the per-case timeout.
+"""Defaults for what run_ranks is not told: the backend, the per-case timeout, the modules to preload.
 
-Strongest first: the argument to run_ranks; configure() (the pytest plugin calls it with ``--backend``
-and ``--vdpcp-timeout``, the CLI with its own flags); the ``VDPCP_BACKEND`` / ``VDPCP_TIMEOUT``
-environment; the built-in default (``auto``, 120 s).
+Strongest first: the argument to run_ranks; configure() (the pytest plugin calls it with ``--backend``,
+``--vdpcp-timeout`` and the ``vdpcp_preload`` ini setting, the CLI with its own flags); the
+``VDPCP_BACKEND`` / ``VDPCP_TIMEOUT`` / ``VDPCP_PRELOAD`` environment; the built-in default (``auto``,
+120 s, nothing beyond torch).
 """
 
 import functools
@@ -16,12 +17,19 @@ DEFAULT_TIMEOUT_S = 120.0
 _configured: dict[str, object] = {}
 
 
-def configure(*, backend: str | None = None, timeout: float | None = None) -> None:
-    """Set this process's defaults; None leaves a setting to the environment."""
+def configure(*, backend: str | None = None, timeout: float | None = None, preload=None) -> None:
+    """Set this process's defaults; None leaves a setting to the environment.
+
+    ``preload``: module names the rank zygote imports once, after torch, so every worker forked from
+    it has them for free (e.g. a heavy library every case imports). They must start no threads at
+    import; the zygote refuses to fork otherwise. Changing it restarts the pool at the next case.
+    """
     if backend is not None:
         _configured["backend"] = _checked_backend(backend, "configure(backend=...)")
     if timeout is not None:
         _configured["timeout"] = _checked_timeout(timeout, "configure(timeout=...)")
+    if preload is not None:
+        _configured["preload"] = tuple(preload)
 
 
 def default_backend() -> str:
@@ -35,6 +43,12 @@ def default_timeout() -> float:
         return _configured["timeout"]
     env = os.environ.get("VDPCP_TIMEOUT")
     return DEFAULT_TIMEOUT_S if env is None else _checked_timeout(env, "VDPCP_TIMEOUT")
+
+
+def default_preload() -> tuple[str, ...]:
+    if "preload" in _configured:
+        return _configured["preload"]
+    return tuple(name.strip() for name in os.environ.get("VDPCP_PRELOAD", "").split(",") if name.strip())
 
 
 def resolve_backend(requested: str | None, ranks_per_host: int) -> str:

@@ -38,10 +38,13 @@ class WorkerPool:
         """The workers' pids, by rank (the zygote's is not among them)."""
         return [w.pid for w in self._workers]
 
-    def run(self, call: bytes, world_size: int, backend: str, timeout: float) -> list[Outcome]:
-        """Run the pickled ``call`` on ranks 0..world_size-1; one Outcome per rank, in rank order."""
+    def run(self, call: bytes, world_size: int, backend: str, timeout: float, preload: tuple[str, ...] = ()) -> list[Outcome]:
+        """Run the pickled ``call`` on ranks 0..world_size-1; one Outcome per rank, in rank order.
+
+        ``preload``: the modules the zygote must have imported (see config.configure).
+        """
         try:
-            self._grow(world_size)
+            self._grow(world_size, preload)
             workers = self._workers[:world_size]
             spec = self._group_spec(world_size, backend)
             for w in workers:
@@ -75,11 +78,11 @@ class WorkerPool:
         self._workers.clear()
         self._group = None
 
-    def _grow(self, world_size: int) -> None:
-        if self._zygote is None or not self._zygote.alive():
+    def _grow(self, world_size: int, preload: tuple[str, ...]) -> None:
+        if self._zygote is None or not self._zygote.alive() or self._zygote.preload != preload:
             self.shutdown()
             self._dir = Path(tempfile.mkdtemp(prefix="vdpcp-pool-"))
-            self._zygote = Zygote(self._dir, STARTUP_TIMEOUT_S)
+            self._zygote = Zygote(self._dir, preload, STARTUP_TIMEOUT_S)
         starting = [WorkerProcess(rank, self._zygote, self._dir) for rank in range(len(self._workers), world_size)]
         self._workers += starting
         deadline = time.monotonic() + STARTUP_TIMEOUT_S

@@ -36,7 +36,7 @@ def run_ranks(fn, world_size: int, *args, backend: str | None = None, timeout: f
     chosen = config.resolve_backend(backend, world_size)
     call = _pickled_call(fn, args, kwargs, what)
     with _lock:
-        outcomes = _shared_pool().run(call, world_size, chosen, timeout)
+        outcomes = _shared_pool().run(call, world_size, chosen, timeout, config.default_preload())
     return settle(outcomes, f"{what} ({chosen}, world size {world_size})")
 
 

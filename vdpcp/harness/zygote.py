@@ -1,9 +1,10 @@
-"""The zygote: ``python -m vdpcp.harness.zygote FD CALLER_PID [--deathsig]``.
+"""The zygote: ``python -m vdpcp.harness.zygote FD CALLER_PID [--deathsig] [--preload=MODULE,...]``.
 
 One fresh process per pool imports torch once, then forks a rank worker whenever the caller asks, so a
 worker costs milliseconds and shares torch's memory copy-on-write instead of paying a 2.5 s import and
 about 280 MB of its own. It is safe to fork because it stays single-threaded, never touches CUDA and
 never runs a case (its environment pins OpenMP/BLAS to one thread, so importing torch starts none).
+Modules named by --preload are imported too, after torch; if that starts a thread, it refuses to run.
 
 Over the SOCK_SEQPACKET socket FD, each message one pickle:
   caller -> zygote: ("fork", rank, log_path, stack_path) with the worker's end of a socketpair attached
@@ -14,6 +15,7 @@ its parent on every loop), and its workers follow it the same way.
 """
 
 import gc
+import importlib
 import os
 import pickle
 import select
@@ -36,6 +38,13 @@ def main(argv: list[str]) -> None:
 
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
+    preload = next((arg.split("=", 1)[1] for arg in argv if arg.startswith("--preload=")), "")
+    for name in filter(None, preload.split(",")):
+        importlib.import_module(name)
+    threads = len(os.listdir("/proc/self/task"))
+    if threads > 1:
+        sys.exit(f"vdpcp zygote: after importing torch and {preload or 'nothing else'} this process has "
+                 f"{threads} threads; forking it would be unsafe")
     gc.freeze()  # keep the collector from dirtying shared pages in every worker
     send = lambda *message: sock.send(pickle.dumps(message))  # noqa: E731
     send("ready")

@@ -1,0 +1,102 @@
+"""Warm workers never outlive their caller: not at shutdown, not when it is killed or interrupted."""
+
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from vdpcp.harness import run_ranks, shutdown
+from vdpcp.harness.pool import WorkerPool
+
+REPO = Path(__file__).resolve().parents[2]
+GONE_WITHIN_S = 10.0
+
+
+def worker_and_parent(ctx):
+    return os.getpid(), os.getppid()
+
+
+def nap(ctx):
+    time.sleep(60)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_until_gone(pids, within: float = GONE_WITHIN_S) -> list[int]:
+    deadline = time.monotonic() + within
+    while any(map(alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [pid for pid in pids if alive(pid)]
+
+
+def test_shutdown_kills_every_worker_and_the_zygote():
+    pairs = run_ranks(worker_and_parent, 4)
+    zygote = {parent for _, parent in pairs}
+    assert len(zygote) == 1 and zygote != {os.getpid()}
+    shutdown()
+    assert wait_until_gone([pid for pid, _ in pairs] + list(zygote), within=0) == []
+    assert len(run_ranks(worker_and_parent, 2)) == 2  # and the next case starts a new pool
+
+
+# Each scenario runs in its own caller process: it prints its workers' and zygote's pids, then
+# its caller goes away in its own way.
+CALLER = textwrap.dedent("""
+    import os, signal, sys, threading
+    from vdpcp.harness import run_ranks
+    from tests.harness.test_lifecycle import nap, worker_and_parent
+
+    def start():
+        pairs = run_ranks(worker_and_parent, 2, backend="gloo")
+        print(*{pid for pair in pairs for pid in pair}, flush=True)
+
+    how = sys.argv[1]
+    if how == "sigkill":
+        start()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "sigkill_from_thread":  # PDEATHSIG would follow the thread: the zygote must notice anyway
+        spawner = threading.Thread(target=start)
+        spawner.start()
+        spawner.join()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "interrupt":  # Ctrl-C in the middle of a case
+        start()
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        run_ranks(nap, 2, backend="gloo")
+""")
+
+
+@pytest.mark.parametrize("how", ["sigkill", "sigkill_from_thread", "interrupt"])
+def test_workers_die_with_their_caller(how):
+    caller = subprocess.run([sys.executable, "-c", CALLER, how], cwd=REPO, capture_output=True, text=True, timeout=120)
+    pids = [int(pid) for pid in caller.stdout.split()]
+    assert len(pids) == 3, caller.stderr  # two workers and the zygote
+    if how == "interrupt":
+        assert "KeyboardInterrupt" in caller.stderr
+    assert wait_until_gone(pids) == []
+
+
+def has_module(ctx, name):
+    return name in sys.modules
+
+
+def test_preloaded_modules_are_in_every_rank_before_the_case_imports_them():
+    rarely_imported = "xml.dom.minidom"
+    assert run_ranks(has_module, 2, rarely_imported) == [False, False]
+    pool = WorkerPool()
+    try:
+        call = pickle.dumps((has_module, (rarely_imported,), {}))
+        outcomes = pool.run(call, 2, "gloo", timeout=60, preload=(rarely_imported,))
+    finally:
+        pool.shutdown()
+    assert [o.value for o in outcomes] == [True, True]
