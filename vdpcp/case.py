@@ -99,10 +99,13 @@ class RankResult:
     input_grad_err: float = 0.0
     param_grad_err: float = 0.0
     failures: list[str] = field(default_factory=list)
+    # The unsharded encoder itself raised (e.g. an odd real grid with even padding off): the spec cannot be
+    # encoded at all, so the case says nothing about sharding and is neither a pass nor a sharding failure.
+    unsharded_error: str | None = None
 
     @property
     def ok(self) -> bool:
-        return not self.failures
+        return not self.failures and self.unsharded_error is None
 
 
 def check_case(ctx, case: Case) -> RankResult:
@@ -118,15 +121,21 @@ def _check(ctx, case: Case) -> RankResult:
     config = case.config
     result = _assignment(case, ctx.rank)
 
+    # The unsharded reference runs first: if it raises too, every rank raises it alike before any
+    # collective (no rank hangs) and the case is reported as unsharded_error, not as a sharding failure.
+    reference = VisionModel(case.tower).to(device=device, dtype=dtype)
+    ref_batch = case.spec.tensors(dtype=dtype, device=device)
+    ref_batch.patches.requires_grad_(True)
+    try:
+        ref_features = encode_unsharded(reference, ref_batch)
+    except Exception as err:
+        result.unsharded_error = f"{type(err).__name__}: {err}"
+        return result
+
     model = VisionModel(case.tower).to(device=device, dtype=dtype)
     batch = case.spec.tensors(dtype=dtype, device=device)
     batch.patches.requires_grad_(True)
     features = _encode(case, model, batch, ctx)
-
-    reference = VisionModel(case.tower).to(device=device, dtype=dtype)
-    ref_batch = case.spec.tensors(dtype=dtype, device=device)
-    ref_batch.patches.requires_grad_(True)
-    ref_features = encode_unsharded(reference, ref_batch)
 
     weights = [loss_weights(case, r, ref_features.shape, dtype, device) for r in range(case.cp)]
     result.out_err = _compare(result, "outputs", features, ref_features)

@@ -2,7 +2,8 @@
 
 Shared by ``vdpcp check``, ``replay``, ``fuzz`` and ``mutants`` and by the pytest matrix, so every entry
 point judges a case the same way. A case either passes (every rank's checks hold), fails (a check does
-not hold on some rank), or errors (a rank raised, died or hung: the harness's RankFailure text is kept).
+not hold on some rank), or errors (a rank raised, died or hung: the harness's RankFailure text is kept);
+"unsharded-error" means the unsharded encoder raised on the spec too, so sharding is not to blame.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ class CaseResult:
     def verdict(self) -> str:
         if self.error is not None:
             return "error"
+        if any(r.unsharded_error is not None for r in self.ranks):
+            return "unsharded-error"  # the spec cannot be encoded even unsharded: not a sharding failure
         return "pass" if all(r.ok for r in self.ranks) else "fail"
 
     @property
@@ -33,7 +36,8 @@ class CaseResult:
     def failures(self) -> list[str]:
         if self.error is not None:
             return [self.error]
-        return [f"rank {r.rank}: {msg}" for r in self.ranks for msg in r.failures]
+        unsharded = [f"rank {r.rank}: unsharded encoder raised {r.unsharded_error}" for r in self.ranks if r.unsharded_error]
+        return unsharded + [f"rank {r.rank}: {msg}" for r in self.ranks for msg in r.failures]
 
     def max_err(self, attr: str) -> float:
         return max((getattr(r, attr) for r in self.ranks), default=float("nan"))
