@@ -5,6 +5,8 @@ import importlib
 # target name -> module defining add_arguments(parser) and run(args) -> exit code (see vdpcp/bench)
 TARGETS = {
     "harness": "vdpcp.bench.harness",
+    "memory": "vdpcp.bench.memory",
+    "wire": "vdpcp.bench.wire",
 }
 
 
