@@ -13,8 +13,8 @@ from vdpcp.harness.state import CASE_SEED
 
 
 def gather_ranks(ctx):
-    gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(ctx.world_size)]
-    dist.all_gather(gathered, torch.tensor([10 * ctx.rank]), group=ctx.group)
+    gathered = [torch.zeros(1, dtype=torch.int64, device=ctx.device) for _ in range(ctx.world_size)]
+    dist.all_gather(gathered, torch.tensor([10 * ctx.rank], device=ctx.device), group=ctx.group)
     return [int(t) for t in gathered]
 
 
