@@ -21,7 +21,7 @@ import pickle
 
 from vdpcp.harness import config, state
 from vdpcp.harness.context import RankContext
-from vdpcp.harness.outcome import RAISED, SKIPPED, Outcome, capture, settle
+from vdpcp.harness.outcome import capture, pickled, settle
 
 LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
 
@@ -33,20 +33,25 @@ def active() -> bool:
 def run_here(fn, world_size: int, args: tuple, kwargs: dict, backend: str | None, timeout: float, what: str) -> list:
     job_size = int(os.environ["WORLD_SIZE"])
     if world_size != job_size:
-        return settle([Outcome(0, SKIPPED, summary=f"case needs world size {world_size}; this launch has "
-                                                   f"WORLD_SIZE={job_size}")], what)
+        import pytest
+
+        pytest.skip(f"case needs world size {world_size}; this launch has WORLD_SIZE={job_size}")
+    import torch.distributed as dist
+
     ctx = _context(backend)
+
+    def body():
+        with state.clean_case(ctx.rank):
+            return fn(ctx, *args, **kwargs)
+
     faulthandler.dump_traceback_later(timeout, exit=True)
     try:
-        outcome = capture(ctx.rank, lambda: _call(fn, ctx, args, kwargs))
-        outcome = _picklable(outcome)
-        outcomes = [None] * ctx.world_size
-        import torch.distributed as dist
-
-        dist.all_gather_object(outcomes, outcome, group=ctx.group)
+        outcome = capture(ctx.rank, body)
+        everyones = [None] * ctx.world_size
+        dist.all_gather_object(everyones, pickled(outcome), group=ctx.group)
     finally:
         faulthandler.cancel_dump_traceback_later()
-    return settle(outcomes, what)
+    return settle([pickle.loads(data) for data in everyones], f"{what} ({ctx.backend}, launched)")
 
 
 def _context(backend: str | None) -> RankContext:
@@ -64,18 +69,3 @@ def _context(backend: str | None) -> RankContext:
     device = torch.device("cuda", local_rank) if chosen == "nccl" else torch.device("cpu")
     return RankContext(dist.get_rank(), dist.get_world_size(), dist.group.WORLD, chosen, device)
 
-
-def _call(fn, ctx: RankContext, args: tuple, kwargs: dict):
-    state.reset(ctx.rank)
-    try:
-        return fn(ctx, *args, **kwargs)
-    finally:
-        state.release_libraries()
-
-
-def _picklable(outcome: Outcome) -> Outcome:
-    try:
-        pickle.dumps(outcome)
-        return outcome
-    except Exception as err:  # noqa: BLE001 - the value is the body's; say what was wrong with it
-        return Outcome(outcome.rank, RAISED, summary=f"returned a value that cannot be pickled: {err!r}")

@@ -5,10 +5,13 @@ and hand the list to settle(): every rank's value in rank order, or the case's s
 RankFailure that tells every failing rank's story.
 """
 
+import pickle
 import sys
 import traceback
 from dataclasses import dataclass
 from typing import Any
+
+from vdpcp.harness.errors import RankFailure
 
 OK, RAISED, SKIPPED, XFAILED, DIED, HUNG = "ok", "raised", "skipped", "xfailed", "died", "hung"
 FAULTS = (RAISED, DIED, HUNG)
@@ -40,8 +43,6 @@ def settle(outcomes: list[Outcome], what: str):
     """The ranks' values in rank order, or raise what the case ended in."""
     faults = [o for o in outcomes if o.kind in FAULTS]
     if faults:
-        from vdpcp.harness.errors import RankFailure
-
         raise RankFailure(failure_report(outcomes, what), {o.rank: o.summary for o in faults})
     for kind in (SKIPPED, XFAILED):
         first = next((o for o in outcomes if o.kind == kind), None)
@@ -50,6 +51,14 @@ def settle(outcomes: list[Outcome], what: str):
 
             (pytest.skip if kind == SKIPPED else pytest.xfail)(first.summary)
     return [o.value for o in outcomes]
+
+
+def pickled(outcome: Outcome) -> bytes:
+    """The outcome as bytes to send; a value that does not pickle makes it the rank's failure."""
+    try:
+        return pickle.dumps(outcome)
+    except Exception as err:  # noqa: BLE001 - the value is the body's; say what was wrong with it
+        return pickle.dumps(Outcome(outcome.rank, RAISED, summary=f"returned a value that cannot be pickled: {err!r}"))
 
 
 def failure_report(outcomes: list[Outcome], what: str) -> str:

@@ -30,7 +30,7 @@ def run_ranks(fn, world_size: int, *args, backend: str | None = None, timeout: f
     if "VDPCP_HARNESS_WORKER" in os.environ:
         raise RuntimeError("run_ranks was called inside a rank; a case body cannot start another case")
     timeout = config.default_timeout() if timeout is None else timeout
-    what = f"{fn.__module__}.{fn.__qualname__}"
+    what = f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', repr(fn))}"
     if launcher.active():
         return launcher.run_here(fn, world_size, args, kwargs, backend, timeout, what)
     chosen = config.resolve_backend(backend, world_size)

@@ -6,9 +6,20 @@ itself; it only cleans up one that the case imported.
 """
 
 import sys
+from contextlib import contextmanager
 
 CASE_SEED = 67280421310721  # torch's historical default seed; rank r starts at CASE_SEED + r
 _fresh: dict | None = None
+
+
+@contextmanager
+def clean_case(rank: int):
+    """Around one case's body on ``rank``: fresh torch state before, libraries' parallel state released after."""
+    reset(rank)
+    try:
+        yield
+    finally:
+        release_libraries()
 
 
 def remember_fresh() -> None:

@@ -17,7 +17,7 @@ import time
 from multiprocessing.connection import Connection
 
 from vdpcp.harness import state
-from vdpcp.harness.outcome import RAISED, Outcome, capture
+from vdpcp.harness.outcome import capture, pickled
 from vdpcp.harness.protocol import READY, Case
 
 PR_SET_PDEATHSIG = 1
@@ -52,10 +52,7 @@ def run(case: Case) -> bytes:
     outcome = capture(case.rank, lambda: call(case))
     sys.stdout.flush()
     sys.stderr.flush()
-    try:
-        return pickle.dumps(outcome)
-    except Exception as err:  # noqa: BLE001 - the value is the body's; say what was wrong with it
-        return pickle.dumps(Outcome(case.rank, RAISED, summary=f"returned a value that cannot be pickled: {err!r}"))
+    return pickled(outcome)
 
 
 def call(case: Case):
@@ -65,14 +62,11 @@ def call(case: Case):
     from vdpcp.harness.context import RankContext
 
     group.ensure(case.group, case.rank)
-    state.reset(case.rank)
     fn, args, kwargs = pickle.loads(case.call)
     backend = case.group.backend
     ctx = RankContext(case.rank, case.group.world_size, dist.group.WORLD, backend, group.device(backend, case.rank))
-    try:
+    with state.clean_case(case.rank):
         return fn(ctx, *args, **kwargs)
-    finally:
-        state.release_libraries()
 
 
 def adopt_caller(case: Case) -> None:
