@@ -50,8 +50,10 @@ class Block(nn.Module):
 
     def _attend(self, seg: torch.Tensor) -> torch.Tensor:
         n, d = seg.shape
-        q, k, v = self.qkv(seg).view(n, 3, self.heads, d // self.heads).permute(1, 2, 0, 3)
-        return F.scaled_dot_product_attention(q, k, v).transpose(0, 1).reshape(n, d)
+        # [1, heads, n, head_dim]: SDPA's fused kernels (flash, memory-efficient) take 4-D inputs only; 3-D
+        # falls back to the math kernel, whose n x n scores make memory quadratic in an image's patches.
+        q, k, v = self.qkv(seg).view(1, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v)[0].transpose(0, 1).reshape(n, d)
 
 
 class VisionModel(nn.Module):
