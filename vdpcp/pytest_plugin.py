@@ -36,6 +36,7 @@ def pytest_configure(config):
                       preload=config.getini("vdpcp_preload") or None)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items):
     for item in items:
         if "run_ranks" in getattr(item, "fixturenames", ()):

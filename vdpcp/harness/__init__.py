@@ -10,9 +10,17 @@
     def test_gather():
         assert run_ranks(gather_ranks, 4) == [[0, 1, 2, 3]] * 4
 
-Ranks are warm worker processes (torch imported once, process group kept across cases of one world
-size) owned by the calling process; see pool.py. Under torchrun each process is one rank instead; see
-launcher.py. Nothing in here knows about vision.
+Ranks are warm worker processes owned by the calling process (one pool per process, so one per
+xdist worker): forked in milliseconds from a zygote that imported torch once, grown to the largest
+world size asked for, their process group kept across cases of one world size (pool.py). Each case
+starts with torch seeded CASE_SEED + rank and MCore's parallel state released (state.py).
+
+A rank that raises, dies or hangs fails the case with a RankFailure naming every failing rank with its
+traceback or stack, and the workers are replaced before the next case; pytest.skip/xfail in a rank
+skips/xfails the caller. Defaults (config.py): backend auto (NCCL with a GPU per rank, else gloo),
+timeout 120 s, set by configure(), the pytest plugin's options or VDPCP_BACKEND / VDPCP_TIMEOUT /
+VDPCP_PRELOAD. Under torchrun each process is one rank instead (launcher.py). Nothing in here knows
+about vision.
 """
 
 from vdpcp.harness.config import configure

@@ -20,11 +20,12 @@ from vdpcp.harness import state
 from vdpcp.harness.outcome import capture, pickled
 from vdpcp.harness.protocol import READY, Case
 
-PR_SET_PDEATHSIG = 1
+PR_SET_NAME, PR_SET_PDEATHSIG = 15, 1
 
 
 def serve(fd: int, rank: int, log_path: str, stack_path: str, zygote_pid: int) -> None:
     die_with_parent(zygote_pid, deathsig=True, watch=True)
+    ctypes.CDLL(None).prctl(PR_SET_NAME, f"vdpcp-rank{rank}".encode())  # what `ps -o comm` shows
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
     os.dup2(log, 1)
     os.dup2(log, 2)
