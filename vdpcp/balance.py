@@ -136,7 +136,7 @@ def sweep(specs: Sequence[MicrobatchSpec], cps: Sequence[int], alpha: int = DEFA
                 rows.append(_sweep_row(name, cp, cost, [b[k].to_ideal(cost) for b in per_spec], [b[k].to_lower_bound(cost) for b in per_spec]))
             to_lb = [unordered_busiest(unit_costs(s, cost, alpha), cp) / b[0].lower_bound[cost] for s, b in zip(specs, per_spec)]
             to_ideal = [unordered_busiest(unit_costs(s, cost, alpha), cp) / b[0].ideal[cost] for s, b in zip(specs, per_spec)]
-            rows.append(_sweep_row("unordered (reference)", cp, cost, to_ideal, to_lb))
+            rows.append(_sweep_row("unordered LPT (reference)", cp, cost, to_ideal, to_lb))
     return rows
 
 

@@ -22,7 +22,7 @@ def test_balance_on_a_folder_sweeps_its_specs(tmp_path, capsys):
         generate("video", seed).save(tmp_path / f"v{seed}.json")
     assert main(["balance", str(tmp_path), "--cp", "2", "--png", str(tmp_path / "sweep.png")]) == 0
     out = capsys.readouterr().out
-    assert "3 microbatch(es)" in out and "unordered (reference)" in out
+    assert "3 microbatch(es)" in out and "unordered LPT (reference)" in out
     assert (tmp_path / "sweep.png").stat().st_size > 10_000
 
 
