@@ -106,9 +106,11 @@ class MicrobatchSpec:
     def load(cls, path: str | Path) -> MicrobatchSpec:
         path = Path(path)
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text(encoding="utf-8"))
         except OSError as err:
             raise SpecError(f"{path}: cannot read spec file ({err.strerror})") from None
+        except UnicodeDecodeError as err:
+            raise SpecError(f"{path}: not valid JSON (expected UTF-8 text: {err.reason} at byte {err.start})") from None
         except json.JSONDecodeError as err:
             raise SpecError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
         return cls.from_dict(data, source=str(path))
@@ -157,6 +159,8 @@ def _validate(spec: MicrobatchSpec) -> None:
         raise SpecError(f"field 'patch_dim' must be a positive integer, got {P!r}")
     if not _is_int(T) or T <= 0:
         raise SpecError(f"field 'temporal_patch_size' must be a positive integer, got {T!r}")
+    if not _is_int(spec.seed) or not 0 <= spec.seed < 2**64:  # torch's seed range; -1 would alias 2**64 - 1
+        raise SpecError(f"field 'seed' must be an integer in [0, 2**64), got {spec.seed!r}")
     for i, (h, w) in enumerate(spec.images):
         if h <= 0 or w <= 0:
             raise SpecError(f"field 'images'[{i}] = [{h}, {w}]: sizes must be positive")
