@@ -45,7 +45,8 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
 
     def forward(self, x: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
-        x = x + self.out(torch.cat([self._attend(seg) for seg in self.norm1(x).split(seqlens)]))
+        attended = [self._attend(seg) for seg in self.norm1(x).split(seqlens)]
+        x = x + self.out(torch.cat(attended) if attended else x[:0])  # an empty microbatch has no segment
         return x + self.mlp(self.norm2(x))
 
     def _attend(self, seg: torch.Tensor) -> torch.Tensor:
