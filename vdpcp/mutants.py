@@ -71,3 +71,22 @@ def _grad_not_summed():
         return NoSum.apply(local, list(counts), group)
 
     return {"vdpcp.sharded:gather_features": gather}
+
+
+@mutant(
+    "placeholder-drop-mismatch",
+    "the gather drops one placeholder output fewer than the plan injected, so a placeholder's features reach the language model",
+)
+def _placeholder_drop_mismatch():
+    from vdpcp import sharded
+    from vdpcp.model import output_tokens
+
+    real_tokens = sharded.real_tokens
+
+    def kept_tokens(plan):
+        counts = real_tokens(plan)
+        if plan.num_placeholders:  # placeholders sit at the end, on the last rank: keep one of them
+            counts[-1] += output_tokens((1, 1))
+        return counts
+
+    return {"vdpcp.sharded:real_tokens": kept_tokens}
