@@ -8,7 +8,9 @@ Two strategies:
   images divided by count with the remainder on the last rank; with tubelets (T > 1), frame-space split
   points moved onto tubelet or media boundaries. When there are fewer images (tubelets) than ranks,
   P x P placeholder images are appended so no rank runs an empty encoder; the trailing ranks that hold
-  only placeholders are ``num_padded_ranks``, whose outputs the gather drops.
+  only placeholders are ``num_padded_ranks``, whose outputs the gather drops. One deliberate difference:
+  where MCore's tubelet split gives up with a rank still empty (``mcore_gives_up``) and breaks tubelets,
+  the count plan divides tubelets by count instead, as MCore divides images at T=1.
 - ``balanced``: contiguous ranges of whole units (images, or tubelets) that minimise the busiest rank's
   cost: an optimal linear partition, found by binary search on the bottleneck. Same placeholder rule.
 
@@ -136,28 +138,52 @@ def make_plan(
 
 def _count_split(rows, media, cp, T):
     """Split points in row space, the padded media list, num_padded_ranks and the placeholder count."""
-    if T == 1:
-        placeholders = max(0, cp - len(rows))
-        total = len(rows) + placeholders
-        per_rank = total // cp
-        points = [r * per_rank for r in range(cp)] + [total]  # the last rank absorbs the remainder
-        return points, media + [1] * placeholders, placeholders, placeholders
+    if T > 1:
+        split = _mcore_tubelet_split(media, cp, T)
+        if split is not None:
+            return split
+        # MCore gives up here and its split is broken (mcore_gives_up); split tubelets by count instead.
+    return _unit_count_split(media, cp, T)
 
+
+def _unit_count_split(media, cp, T):
+    """Units (images, or tubelets) divided by count, the last rank taking the remainder: MCore's rule at T=1."""
+    units = _units(media, T)
+    placeholders = max(0, cp - len(units))
+    starts = [first for first, _ in units] + [sum(media) + i for i in range(placeholders)]
+    per_rank = len(starts) // cp
+    points = [starts[r * per_rank] for r in range(cp)] + [sum(media) + placeholders]
+    return points, media + [1] * placeholders, placeholders, placeholders
+
+
+def mcore_gives_up(num_frames: Sequence[int], cp_size: int, temporal_patch_size: int) -> bool:
+    """True where MCore 0.19.2's tubelet-aware split still leaves a rank empty after its cp re-plans.
+
+    It then keeps split points whose total predates the placeholders it added last, so the real-frame count
+    it derives is short: a rank stays empty or a tubelet is cut between ranks, and real frames can land on
+    no rank or beside placeholders (one 6-frame video, T=3, CP=4). The count plan splits tubelets by count
+    there instead.
+    """
+    return temporal_patch_size > 1 and _mcore_tubelet_split(list(num_frames), cp_size, temporal_patch_size) is None
+
+
+def _mcore_tubelet_split(media, cp, T):
+    """MCore's tubelet-aware split (T > 1) as _count_split returns it, or None where MCore gives up."""
     tubelets = sum(math.ceil(n / T) for n in media)
     placeholders = max(0, cp - tubelets)
     media = media + [1] * placeholders
-    total = len(rows) + placeholders
-    # Tubelet rounding can still leave a rank empty; MCore then appends one more placeholder per empty
-    # rank and plans again, at most cp times. `total` is read before each attempt, as MCore reads it.
+    # Tubelet rounding can leave a rank empty; MCore then appends one placeholder per empty rank and
+    # plans again, at most cp times.
     for _ in range(cp):
-        total = sum(media)
-        points = _tubelet_split_points(media, T, cp, total)
+        points = _tubelet_split_points(media, T, cp, sum(media))
         empty = sum(points[k] == points[k + 1] for k in range(cp))
         if empty == 0:
             break
         media = media + [1] * empty
         placeholders += empty
-    real_total = total - placeholders
+    else:
+        return None
+    real_total = sum(media) - placeholders
     if placeholders and real_total not in points:
         # Keep real frames and placeholders on different ranks: cut the rank that straddles them.
         for k in range(cp):
