@@ -1,5 +1,7 @@
 """A worker's process group: kept across cases with the same GroupSpec, rebuilt when it changes."""
 
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -24,4 +26,13 @@ def ensure(spec: GroupSpec, rank: int) -> None:
 
 
 def device(backend: str, local_rank: int) -> torch.device:
-    return torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+    """cuda:<local rank> on NCCL; on gloo the CPU, or with VDPCP_DEVICE=cuda a GPU that several gloo ranks may
+    share (gloo moves CUDA tensors), which runs the CUDA path on fewer GPUs than ranks."""
+    if backend == "nccl":
+        return torch.device("cuda", local_rank)
+    wanted = os.environ.get("VDPCP_DEVICE", "cpu")
+    if wanted not in ("cpu", "cuda"):
+        raise ValueError(f"VDPCP_DEVICE is {wanted!r}; expected cpu or cuda")
+    if wanted == "cuda":
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")

@@ -66,6 +66,8 @@ def _context(backend: str | None) -> RankContext:
             torch.cuda.set_device(local_rank)
         dist.init_process_group(chosen, init_method="env://")
     chosen = dist.get_backend()
-    device = torch.device("cuda", local_rank) if chosen == "nccl" else torch.device("cpu")
+    from vdpcp.harness.group import device as rank_device
+
+    device = rank_device(chosen, local_rank)
     return RankContext(dist.get_rank(), dist.get_world_size(), dist.group.WORLD, chosen, device)
 
