@@ -59,3 +59,86 @@ def pytest_sessionfinish(session):
 def run_ranks():
     """vdpcp.harness.run_ranks, for tests that would rather not import it."""
     return harness.run_ranks
+
+
+# ======================================================================================================
+# --replay (issue 5; owned by the replay/fuzz engineer): `pytest --replay SPEC.json [--replay-cp N ...]`
+# runs saved microbatch specs as the session's only tests, one vdpcp.runner case each, and fails with the
+# same report as `vdpcp replay`. Own hook implementations under other names (pluggy's specname), so
+# nothing above this line changes. A spec outside the repo needs `--replay=PATH` (or `-p vdpcp.pytest_plugin`):
+# with `--replay PATH`, pytest takes PATH for a test path before this plugin is loaded, and roots there.
+# ======================================================================================================
+
+_REPLAYS = pytest.StashKey[list]()
+
+
+@pytest.hookimpl(specname="pytest_addoption")
+def pytest_addoption_replay(parser):
+    from vdpcp.cli.replay import DTYPES, IMPLS, SPLITS
+
+    group = parser.getgroup("vdpcp-replay", "vdpcp replay of saved microbatch specs")
+    group.addoption("--replay", action="append", default=[], metavar="SPEC.json",
+                    help="run this spec (repeatable) as the only test, sharded against unsharded")
+    group.addoption("--replay-cp", type=int, default=None, metavar="N", help="CP ranks (default: the spec name's -cp<N> tag)")
+    group.addoption("--replay-impl", choices=IMPLS, default="reference", help="sharded implementation (default: reference)")
+    group.addoption("--replay-split", choices=SPLITS, default="count", help="split strategy (default: count)")
+    group.addoption("--replay-dtype", choices=DTYPES, default="float64", help="dtype (default: float64)")
+    group.addoption("--replay-no-even-pad", action="store_true", help="switch off even-grid padding")
+    group.addoption("--replay-mutant", default=None, metavar="NAME", help="apply a named mutant of the sharded path")
+
+
+@pytest.hookimpl(specname="pytest_configure")
+def pytest_configure_replay(config):
+    # Load every spec now, so a bad file is one usage error naming the file and field before anything runs.
+    from vdpcp.cli import UsageError
+    from vdpcp.cli.replay import load_case
+
+    options = dict(impl=config.getoption("replay_impl"), split=config.getoption("replay_split"),
+                   dtype=config.getoption("replay_dtype"), even_pad=not config.getoption("replay_no_even_pad"),
+                   mutant=config.getoption("replay_mutant"))
+    try:
+        config.stash[_REPLAYS] = [(path, load_case(path, config.getoption("replay_cp"), **options))
+                                  for path in config.getoption("replay")]
+    except UsageError as err:
+        raise pytest.UsageError(f"--replay: {err}") from None
+
+
+@pytest.hookimpl(specname="pytest_ignore_collect")
+def pytest_ignore_collect_replay(collection_path, config):
+    return True if config.stash.get(_REPLAYS, []) else None  # replays are the whole session: collect nothing else
+
+
+@pytest.hookimpl(specname="pytest_collection_modifyitems", trylast=True)
+def pytest_collection_modifyitems_replay(session, config, items):
+    replays = config.stash.get(_REPLAYS, [])
+    if not replays:
+        return
+    config.hook.pytest_deselected(items=list(items))
+    items[:] = [ReplayItem.from_parent(session, name=f"replay[{path}]", spec_path=path, case=case) for path, case in replays]
+
+
+class ReplayFailed(AssertionError):
+    """A replayed spec did not pass; the message is the replay report."""
+
+
+class ReplayItem(pytest.Item):
+    def __init__(self, *, spec_path, case, **kwargs):
+        super().__init__(**kwargs)
+        self.spec_path, self.case = spec_path, case
+
+    def runtest(self):
+        from vdpcp.cli.replay import report
+        from vdpcp.runner import run_case
+
+        result = run_case(self.case)
+        print(report(result, self.spec_path))  # the plan, shown with -s or -rP even when the case passes
+        if not result.passed:
+            raise ReplayFailed(report(result, self.spec_path))
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, ReplayFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        return self.spec_path, None, f"replay {self.spec_path}"

@@ -1,0 +1,97 @@
+"""`vdpcp fuzz --cp N`: search random microbatches for a sharding failure, shrink it, save it, print its replay.
+
+Draws --budget microbatches (seeded: the same --seed runs the same search) and runs each sharded against
+unsharded on warm workers. The first failure is shrunk to the smallest spec that fails the same way,
+written to --out as <configuration>-cp<N>.json, and its `vdpcp replay` command printed: exit 1. Nothing
+found: exit 0 with the count of microbatches run. --no-even-pad and --mutant expose known failure modes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from vdpcp.cli import UsageError
+from vdpcp.cli.replay import add_case_arguments, check_mutant
+
+DEFAULT_OUT = Path("fuzz-out")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("fuzz", help="search random microbatches for a sharding failure and shrink it",
+                                   description=__doc__)
+    parser.add_argument("--cp", type=int, required=True, help="CP ranks")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="microbatches to draw before giving up; shrinking runs come on top (default: 100)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the search (default 0)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"folder for the shrunk spec (default {DEFAULT_OUT})")
+    add_case_arguments(parser)
+    parser.set_defaults(func=main)
+
+
+def main(args) -> int:
+    from vdpcp.fuzz import DEFAULT_BUDGET, Search, fuzz
+
+    if args.cp < 1:
+        raise UsageError(f"--cp {args.cp}: expected a positive number of ranks")
+    budget = DEFAULT_BUDGET if args.budget is None else args.budget
+    if budget < 1:
+        raise UsageError(f"--budget {budget}: expected a positive number of microbatches")
+    check_mutant(args.mutant)
+    search = Search(args.cp, budget, args.seed, impl=args.impl, split=args.split, dtype=args.dtype,
+                    even_pad=args.even_pad, mutant=args.mutant, backend=args.backend, timeout=args.timeout)
+    start = time.monotonic()
+    with _Progress(search) as progress:
+        report = fuzz(search, args.out, on_run=progress.update)
+    print(_summary(report, time.monotonic() - start))
+    return 1 if report.finding else 0
+
+
+def _summary(report, seconds: float) -> str:
+    search = report.search
+    head = f"fuzz cp={search.cp} {search.tag} seed={search.seed}"
+    counts = f"{report.passed} passed, {report.unsharded_errors} rejected by the unsharded encoder too"
+    finding = report.finding
+    if finding is None:
+        return f"{head}: no failure in {report.drawn} microbatches ({counts}) in {seconds:.1f} s"
+    spec = finding.spec
+    lines = [
+        f"{head}: failure after {report.drawn} microbatches: {finding.signature}",
+        f"shrunk in {report.shrink_runs} runs to {len(spec.media_frames)} media item(s), {len(spec.images)} row(s): "
+        + json.dumps({k: v for k, v in spec.to_dict().items() if k != "name"}),
+        f"{report.runs} runs ({counts}) in {seconds:.1f} s",
+    ]
+    if not finding.reproduced:
+        lines.append("warning: this spec did not fail the same way when run again (flaky)")
+    lines += [f"also failed while shrinking, differently: {sig} on {json.dumps(s.to_dict())}"
+              for sig, s in report.other_failures.items()]
+    lines += [f"wrote {finding.path}", "replay: " + " ".join(["vdpcp", "replay", str(finding.path), *search.replay_flags()])]
+    return "\n".join(lines)
+
+
+class _Progress:
+    """A rich progress line on stderr: microbatches drawn, then shrinking runs. Silent when not a terminal."""
+
+    def __init__(self, search):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        console = Console(stderr=True)
+        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                  TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal)
+        self._task = self._progress.add_task(f"fuzz cp={search.cp} {search.tag}: drawing", total=search.budget)
+
+    def __enter__(self):
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._progress.__exit__(*exc)
+
+    def update(self, report, spec, result) -> None:
+        found = report.shrink_runs or report.passed + report.unsharded_errors < report.drawn
+        if found:
+            self._progress.update(self._task, description=f"shrinking ({report.shrink_runs} runs)", completed=report.drawn)
+        else:
+            self._progress.update(self._task, completed=report.drawn)
