@@ -21,6 +21,10 @@ def worker_and_parent(ctx):
     return os.getpid(), os.getppid()
 
 
+def pool_directory(ctx):
+    return os.path.dirname(os.readlink("/proc/self/fd/1"))  # where the rank's output goes
+
+
 def nap(ctx):
     time.sleep(60)
 
@@ -49,16 +53,17 @@ def test_shutdown_kills_every_worker_and_the_zygote():
     assert len(run_ranks(worker_and_parent, 2)) == 2  # and the next case starts a new pool
 
 
-# Each scenario runs in its own caller process: it prints its workers' and zygote's pids, then
-# its caller goes away in its own way.
+# Each scenario runs in its own caller process: it prints its workers' and zygote's pids and its
+# pool's directory, then the caller goes away in its own way.
 CALLER = textwrap.dedent("""
     import os, signal, sys, threading
     from vdpcp.harness import run_ranks
-    from tests.harness.test_lifecycle import nap, worker_and_parent
+    from tests.harness.test_lifecycle import nap, pool_directory, worker_and_parent
 
     def start():
         pairs = run_ranks(worker_and_parent, 2, backend="gloo")
-        print(*{pid for pair in pairs for pid in pair}, flush=True)
+        print(*{pid for pair in pairs for pid in pair})
+        print(run_ranks(pool_directory, 1, backend="gloo")[0], flush=True)
 
     how = sys.argv[1]
     if how == "sigkill":
@@ -79,11 +84,14 @@ CALLER = textwrap.dedent("""
 @pytest.mark.parametrize("how", ["sigkill", "sigkill_from_thread", "interrupt"])
 def test_workers_die_with_their_caller(how):
     caller = subprocess.run([sys.executable, "-c", CALLER, how], cwd=REPO, capture_output=True, text=True, timeout=120)
-    pids = [int(pid) for pid in caller.stdout.split()]
-    assert len(pids) == 3, caller.stderr  # two workers and the zygote
+    printed = caller.stdout.splitlines()
+    assert len(printed) == 2, caller.stderr
+    pids, directory = [int(pid) for pid in printed[0].split()], Path(printed[1])
+    assert len(pids) == 3 and directory.name.startswith("vdpcp-pool-")  # two workers and the zygote
     if how == "interrupt":
         assert "KeyboardInterrupt" in caller.stderr
     assert wait_until_gone(pids) == []
+    assert not directory.exists()
 
 
 def has_module(ctx, name):

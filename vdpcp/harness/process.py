@@ -34,7 +34,7 @@ class Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(os.environ, **_ONE_THREAD, VDPCP_HARNESS_WORKER="1", PYTHONUNBUFFERED="1",
                    PYTHONPATH=os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p))
-        argv = [sys.executable, "-m", "vdpcp.harness.zygote", str(theirs.fileno()), str(os.getpid())]
+        argv = [sys.executable, "-m", "vdpcp.harness.zygote", str(theirs.fileno()), str(os.getpid()), str(directory)]
         if threading.current_thread() is threading.main_thread():
             argv.append("--deathsig")
         if preload:

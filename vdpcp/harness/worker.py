@@ -24,7 +24,7 @@ PR_SET_NAME, PR_SET_PDEATHSIG = 15, 1
 
 
 def serve(fd: int, rank: int, log_path: str, stack_path: str, zygote_pid: int) -> None:
-    die_with_parent(zygote_pid, deathsig=True, watch=True)
+    die_with_parent(zygote_pid, signal.SIGKILL, watch=True)
     ctypes.CDLL(None).prctl(PR_SET_NAME, f"vdpcp-rank{rank}".encode())  # what `ps -o comm` shows
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
     os.dup2(log, 1)
@@ -84,15 +84,15 @@ def adopt_caller(case: Case) -> None:
     os.environ["VDPCP_HARNESS_WORKER"] = "1"
 
 
-def die_with_parent(parent_pid: int, deathsig: bool, watch: bool) -> None:
-    """Exit when ``parent_pid`` goes. The kernel's PDEATHSIG follows the thread that started us, so it is
-    only asked for when that was the parent's main thread (always so for the zygote's forks); if it is
-    not in force and ``watch``, a thread polls our parent instead."""
-    if deathsig:
-        deathsig = ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) == 0
+def die_with_parent(parent_pid: int, deathsig: int | None, watch: bool = False) -> None:
+    """Exit when ``parent_pid`` goes: the kernel sends ``deathsig`` (PR_SET_PDEATHSIG). It follows the
+    thread that started us, so it is only asked for when that was the parent's main thread (always so
+    for the zygote's forks); if it is not in force and ``watch``, a thread polls our parent instead."""
+    if deathsig is not None:
+        deathsig = deathsig if ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, deathsig) == 0 else None
     if os.getppid() != parent_pid:  # the parent went before the kernel was told to watch it
         os._exit(1)
-    if watch and not deathsig:
+    if watch and deathsig is None:
         threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), name="vdpcp-parent-watch", daemon=True).start()
 
 

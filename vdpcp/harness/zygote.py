@@ -1,4 +1,4 @@
-"""The zygote: ``python -m vdpcp.harness.zygote FD CALLER_PID [--deathsig] [--preload=MODULE,...]``.
+"""The zygote: ``python -m vdpcp.harness.zygote FD CALLER_PID POOL_DIR [--deathsig] [--preload=MODULE,...]``.
 
 One fresh process per pool imports torch once, then forks a rank worker whenever the caller asks, so a
 worker costs milliseconds and shares torch's memory copy-on-write instead of paying a 2.5 s import and
@@ -10,8 +10,9 @@ Over the SOCK_SEQPACKET socket FD, each message one pickle:
   caller -> zygote: ("fork", rank, log_path, stack_path) with the worker's end of a socketpair attached
   zygote -> caller: ("ready",) once, then ("forked", rank, pid) and ("exited", pid, exit_code)
 The zygote reaps its workers and reports their exit codes, since the caller is not their parent.
-It exits when the caller closes the socket or goes away (PR_SET_PDEATHSIG when asked, and a check of
-its parent on every loop), and its workers follow it the same way.
+It exits when the caller closes the socket or goes away (PR_SET_PDEATHSIG with SIGTERM when asked, and
+a check of its parent on every loop), removing POOL_DIR, which a killed caller could not; its workers
+follow it (their PR_SET_PDEATHSIG is SIGKILL).
 """
 
 import gc
@@ -19,6 +20,7 @@ import importlib
 import os
 import pickle
 import select
+import shutil
 import signal
 import socket
 import sys
@@ -30,9 +32,15 @@ MAX_MESSAGE = 1 << 16
 
 def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[0]))
-    caller_pid = int(argv[1])
-    worker.die_with_parent(caller_pid, deathsig="--deathsig" in argv, watch=False)  # no threads: we fork
+    caller_pid, pool_dir = int(argv[1]), argv[2]
+
+    def leave(*_):
+        shutil.rmtree(pool_dir, ignore_errors=True)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, leave)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's; workers inherit this
+    worker.die_with_parent(caller_pid, signal.SIGTERM if "--deathsig" in argv else None)  # no watch thread: we fork
 
     import torch
 
@@ -54,12 +62,12 @@ def main(argv: list[str]) -> None:
     while True:
         readable, _, _ = select.select([sock, *workers], [], [], 1.0)
         if os.getppid() != caller_pid:
-            os._exit(1)
+            leave()
         for fd in readable:
             if fd is sock:
                 data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 1)
                 if not data:  # the caller closed its end
-                    os._exit(0)
+                    leave()
                 _, rank, log_path, stack_path = pickle.loads(data)
                 pid = os.fork()
                 if pid == 0:
@@ -77,6 +85,7 @@ def main(argv: list[str]) -> None:
 def _become_worker(sock, workers: dict[int, int], fd: int, rank: int, log_path: str, stack_path: str, zygote_pid: int):
     """In the forked child: drop the zygote's descriptors and serve cases; never return to its loop."""
     try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         sock.close()
         for pidfd in workers:
             os.close(pidfd)
