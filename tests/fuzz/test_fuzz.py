@@ -6,7 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 
 from vdpcp.case import Case, RankResult
 from vdpcp.cli import main
@@ -25,7 +25,8 @@ CP = 4
 def _draws(cp: int, n: int) -> list[MicrobatchSpec]:
     drawn = []
 
-    @settings(max_examples=n, database=None, derandomize=True)
+    # No deadline and no health checks: a loaded CI machine must not turn slow draws into failures.
+    @settings(max_examples=n, database=None, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
     @given(microbatches(cp))
     def draw(spec):
         drawn.append(spec)
