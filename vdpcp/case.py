@@ -8,8 +8,12 @@ takes L = sum over r of L_r. Then:
 1. outputs: the gathered features on every rank equal the unsharded features, row for row;
 2. input grads: with sharding on, each rank's gradient for its own images' patches equals the unsharded
    one and is zero elsewhere (it read no other image); with sharding off, the sum over ranks does;
-3. parameter grads: the sum over CP ranks of the tower's and projector's gradients equals the unsharded ones;
+3. parameter grads: the sum over CP ranks of the tower's and projector's gradients equals the unsharded ones,
+   and each rank's own equal the unsharded gradients of its own images' rows under the summed weights (so
+   the projector stays sharded: a gather before the projector passes check 3 but fails this);
 4. no rank runs an empty encoder (placeholders exist for exactly that).
+
+``grads=False`` checks the outputs only, for implementations whose backward cannot run on the backend.
 
 Tolerances are torch.testing.assert_close's defaults for the dtype, never loosened.
 """
@@ -23,7 +27,7 @@ import torch
 
 from vdpcp import comm
 from vdpcp.model import TowerConfig, VisionModel
-from vdpcp.sharded import VisionDPConfig, encode_sharded, encode_unsharded, plan_for
+from vdpcp.sharded import VisionDPConfig, encode_sharded, encode_unsharded, plan_for, real_tokens
 from vdpcp.spec import MicrobatchSpec
 
 IMPLS = ("reference", "mcore")
@@ -45,6 +49,7 @@ class Case:
     dtype: str = "float64"
     even_pad: bool = True
     mutant: str | None = None  # name in vdpcp.mutants, applied inside every rank for this case
+    grads: bool = True  # False checks the outputs only (no backward): MCore's gather backward fails on gloo
 
     @property
     def config(self) -> VisionDPConfig:
@@ -76,6 +81,8 @@ class Case:
             parts.append(self.dtype)
         if not self.even_pad:
             parts.append("no-even-pad")
+        if not self.grads:
+            parts.append("outputs")
         if self.mutant:
             parts.append(f"mutant-{self.mutant}")
         return "-".join(parts)
@@ -139,7 +146,21 @@ def _check(ctx, case: Case) -> RankResult:
 
     weights = [loss_weights(case, r, ref_features.shape, dtype, device) for r in range(case.cp)]
     result.out_err = _compare(result, "outputs", features, ref_features)
-    (weights[ctx.rank] * features).sum().backward()
+    if features.shape != ref_features.shape or not case.grads:
+        return result  # every rank gathered the same shape, so every rank stops here: no collective hangs
+
+    # This rank's parameter gradients alone: with sharding, the gather hands each rank the summed gradient of
+    # its own images' rows, so they equal the unsharded gradients of those rows under the summed weights
+    # (which also says the projector stays sharded); without sharding, those of this rank's own loss.
+    if config.shard_vision:
+        start, stop = _own_rows(case, ctx.rank)
+        own_weight = torch.zeros_like(ref_features)
+        own_weight[start:stop] = sum(weights)[start:stop]
+    else:
+        own_weight = weights[ctx.rank]
+    expected_rank_params = _param_grads(reference, (own_weight * ref_features).sum())
+
+    rank_loss(features, weights, ctx.rank).backward()
     sum((w * ref_features).sum() for w in weights).backward()
 
     grad = _grad(batch.patches)
@@ -153,8 +174,16 @@ def _check(ctx, case: Case) -> RankResult:
         summed = comm.all_reduce_sum(grad, ctx.group)
         result.input_grad_err = _compare(result, "input grads (summed over ranks)", summed, _grad(ref_batch.patches))
     summed_params = comm.all_reduce_sum(_flat_grads(model), ctx.group)
-    result.param_grad_err = _compare(result, "param grads (summed over ranks)", summed_params, _flat_grads(reference))
+    result.param_grad_err = max(
+        _compare(result, "param grads (summed over ranks)", summed_params, _flat_grads(reference)),
+        _compare(result, "param grads (this rank alone)", _flat_grads(model), expected_rank_params),
+    )
     return result
+
+
+def rank_loss(features: torch.Tensor, weights: list[torch.Tensor], rank: int) -> torch.Tensor:
+    """L_rank: what this CP rank's language model takes from the gathered features (its own weights only)."""
+    return (weights[rank] * features).sum()
 
 
 def _encode(case: Case, model, batch, ctx):
@@ -173,7 +202,10 @@ def _assignment(case: Case, rank: int) -> RankResult:
     if not case.config.shard_vision:
         spec = case.spec
         return RankResult(rank, len(spec.images), 0, sum(spec.row_patches))
-    shard = plan_for(case.spec, case.config).shard(rank)
+    plan = plan_of(case)
+    if rank >= plan.cp_size:  # a config CP smaller than the group: the implementation must raise, not this
+        return RankResult(rank, 0, 0, 0)
+    shard = plan.shard(rank)
     result = RankResult(rank, shard.num_real_rows, shard.num_placeholders, shard.num_patches)
     if shard.num_rows == 0:
         result.failures.append(f"plan: rank {rank} got no image and no placeholder (an empty encoder)")
@@ -201,9 +233,20 @@ def zigzag_rows(num_vision: int, cp: int, rank: int) -> torch.Tensor:
     return ((chunk_of == rank) | (chunk_of == 2 * cp - 1 - rank)).to(torch.float64)
 
 
+def plan_of(case: Case):
+    """The plan the case's implementation follows (MCore always splits by count: that plan is parity-tested)."""
+    return plan_for(case.spec, case.config if case.impl == "reference" else replace(case.config, strategy="count"))
+
+
+def _own_rows(case: Case, rank: int) -> tuple[int, int]:
+    """Rows [start, stop) of the gathered features that come from this rank's real images."""
+    counts = real_tokens(plan_of(case))
+    return sum(counts[:rank]), sum(counts[: rank + 1])
+
+
 def _own_patch_mask(case: Case, rank: int, batch) -> torch.Tensor:
-    """Patch positions of the real images this rank encodes (the count plan is MCore's split, parity-tested)."""
-    plan = plan_for(case.spec, case.config if case.impl == "reference" else replace(case.config, strategy="count"))
+    """Patch positions of the real images this rank encodes."""
+    plan = plan_of(case)
     shard = plan.shard(rank)
     stop = min(shard.stop, plan.num_real_rows)
     mask = torch.zeros(batch.patches.shape[1], dtype=torch.bool, device=batch.patches.device)
@@ -230,3 +273,10 @@ def _grad(t: torch.Tensor) -> torch.Tensor:
 
 def _flat_grads(model) -> torch.Tensor:
     return torch.cat([_grad(p).reshape(-1) for p in model.parameters()])
+
+
+def _param_grads(model, loss: torch.Tensor) -> torch.Tensor:
+    """d loss / d params, flattened like _flat_grads, leaving the graph for the full backward."""
+    params = list(model.parameters())
+    grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+    return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for p, g in zip(params, grads)])

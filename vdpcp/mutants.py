@@ -3,6 +3,10 @@
 A mutant is a set of monkeypatches over vdpcp's own modules (never MCore's), applied inside every rank for
 the duration of one case, so the reference code itself stays clean. ``vdpcp mutants`` runs the matrix
 against each and reports which case killed it.
+
+Each mutant names its kill set: a few matrix case ids (vdpcp.scenarios), in order, that should kill it, so
+the search can stop at the first kill. A mutant that survives its kill set is then run against the whole
+matrix before it is called a survivor.
 """
 
 from __future__ import annotations
@@ -18,14 +22,15 @@ class Mutant:
     name: str
     bug: str  # the plausible bug, in one sentence
     patches: Callable[[], dict[str, object]]  # "module:attr" -> replacement, built lazily inside the rank
+    kills: tuple[str, ...] = ()  # matrix case ids expected to kill it, cheapest and surest first
 
 
 MUTANTS: dict[str, Mutant] = {}
 
 
-def mutant(name: str, bug: str):
+def mutant(name: str, bug: str, kills: tuple[str, ...] = ()):
     def register(patches):
-        MUTANTS[name] = Mutant(name, bug, patches)
+        MUTANTS[name] = Mutant(name, bug, patches, tuple(kills))
         return patches
 
     return register
@@ -52,7 +57,11 @@ def applied(name: str | None):
             setattr(module, attr, original)
 
 
-@mutant("grad-not-summed", "the gather's backward keeps only this rank's own gradient instead of summing over ranks")
+@mutant(
+    "grad-not-summed",
+    "the gather's backward keeps only this rank's own gradient instead of summing over ranks",
+    kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count-zigzag"),
+)
 def _grad_not_summed():
     import torch.distributed as dist
 
@@ -76,6 +85,7 @@ def _grad_not_summed():
 @mutant(
     "placeholder-drop-mismatch",
     "the gather drops one placeholder output fewer than the plan injected, so a placeholder's features reach the language model",
+    kills=("one-image-cp2-reference-count", "three-images-cp4-reference-count"),
 )
 def _placeholder_drop_mismatch():
     from vdpcp import sharded
@@ -90,3 +100,274 @@ def _placeholder_drop_mismatch():
         return counts
 
     return {"vdpcp.sharded:real_tokens": kept_tokens}
+
+
+# --- the plan ----------------------------------------------------------------------------------------
+
+
+@mutant(
+    "remainder-on-first-rank",
+    "the count split gives the remainder to the first rank instead of the last, so the report and the checks "
+    "disagree with what MCore's split really assigned",
+    kills=("remainder-even-tokens-cp4-mcore-count", "remainder-even-tokens-cp2-mcore-count"),
+)
+def _remainder_on_first_rank():
+    from vdpcp import plan
+
+    def first_takes_remainder(media, cp, T):
+        points, media, padded, placeholders = original(media, cp, T)
+        starts = [first for first, _ in plan._units(media[: len(media) - placeholders], T)]
+        starts += [sum(media) - placeholders + i for i in range(placeholders)]
+        per_rank, extra = divmod(len(starts), cp)
+        return [0] + [starts[extra + r * per_rank] for r in range(1, cp)] + [points[-1]], media, padded, placeholders
+
+    original = plan._unit_count_split
+    return {"vdpcp.plan:_unit_count_split": first_takes_remainder}
+
+
+@mutant(
+    "zero-image-rank",
+    "no placeholders are injected, so with fewer images than ranks some ranks are left with nothing to encode",
+    kills=("three-images-cp4-reference-count", "one-image-cp2-reference-count"),
+)
+def _zero_image_rank():
+    from vdpcp import plan
+
+    def no_placeholders(media, cp, T):
+        starts = [first for first, _ in plan._units(media, T)]
+        total = sum(media)
+        per_rank = len(starts) // cp  # 0 with fewer units than ranks: every rank but the last gets none
+        points = [starts[r * per_rank] if r * per_rank < len(starts) else total for r in range(cp)] + [total]
+        return points, media, 0, 0
+
+    return {"vdpcp.plan:_unit_count_split": no_placeholders}
+
+
+@mutant(
+    "tubelet-split-mid-tubelet",
+    "split points are put at the even frame split without moving them onto a tubelet boundary, so a tubelet "
+    "is cut between two ranks",
+    kills=("video-t2-even-cp2-reference-count", "video-t4-ragged-cp2-reference-count"),
+)
+def _tubelet_split_mid_tubelet():
+    def even_frame_points(media, T, cp, total):
+        return [int(r * total / cp) for r in range(cp)] + [total]
+
+    return {"vdpcp.plan:_tubelet_split_points": even_frame_points}
+
+
+# --- the split -----------------------------------------------------------------------------------------
+
+
+@mutant(
+    "cu-seqlens-not-rewritten",
+    "the rank slices its patches with the microbatch's global cu_seqlens as if they were its own local ones, "
+    "so every rank reads the first images' patches",
+    kills=("eight-equal-cp2-reference-count", "eleven-images-cp2-reference-count"),
+)
+def _cu_seqlens_not_rewritten():
+    from vdpcp import sharded
+
+    def split(batch, shard):
+        stop = int(batch.cu_seqlens[shard.num_real_rows])  # local row count, global offsets: starts at image 0
+        local = batch.patches[:, :stop]
+        if shard.num_placeholders:
+            zeros = batch.patches.new_zeros(1, shard.num_placeholders, batch.patches.shape[-1])
+            local = sharded.torch.cat([local, zeros], dim=1)
+        return local
+
+    return {"vdpcp.sharded:split": split}
+
+
+@mutant(
+    "imgs-sizes-not-rewritten",
+    "the rank encodes its own patches with the first rows of the global imgs_sizes instead of its own",
+    kills=("non-square-cp2-reference-count", "mixed-sizes-cp2-reference-count"),
+)
+def _imgs_sizes_not_rewritten():
+    from dataclasses import replace
+
+    from vdpcp import plan
+
+    def make_shard(rank, start, stop, rows, media, num_real, patch_dim):
+        shard = original(rank, start, stop, rows, media, num_real, patch_dim)
+        return replace(shard, imgs_sizes=tuple(rows[: stop - start]))
+
+    original = plan._make_shard
+    return {"vdpcp.plan:_make_shard": make_shard}
+
+
+# --- the gather ----------------------------------------------------------------------------------------
+
+
+@mutant(
+    "placeholders-not-dropped",
+    "the gather keeps every placeholder's output, so placeholder features reach the language model",
+    kills=("three-images-cp4-reference-count", "one-image-cp2-reference-count"),
+)
+def _placeholders_not_dropped():
+    from vdpcp import sharded
+    from vdpcp.model import output_tokens
+
+    real_tokens = sharded.real_tokens
+
+    def all_tokens(plan):
+        return [n + output_tokens((1, 1)) * s.num_placeholders for n, s in zip(real_tokens(plan), plan.shards)]
+
+    return {"vdpcp.sharded:real_tokens": all_tokens}
+
+
+@mutant(
+    "placeholders-dropped-from-front",
+    "the gather drops the placeholder ranks' outputs from the wrong end: the first num_padded_ranks ranks' "
+    "instead of the last",
+    kills=("three-images-cp4-reference-count", "one-image-cp2-reference-count"),
+)
+def _placeholders_dropped_from_front():
+    import torch
+    import torch.distributed as dist
+
+    from vdpcp import comm
+
+    def gather(local, counts, group=None):
+        padded = sum(1 for n in counts if n == 0)  # the ranks that hold only placeholders
+        rows = torch.tensor([local.shape[0]])
+        every = [torch.zeros_like(rows) for _ in counts]
+        dist.all_gather(every, rows, group=group)
+        full = [int(n) for n in every]
+        return comm.gather_features(local, full, group)[sum(full[:padded]):]
+
+    return {"vdpcp.sharded:gather_features": gather}
+
+
+@mutant(
+    "shards-gathered-out-of-order",
+    "the gather concatenates the ranks' shards in reverse rank order",
+    kills=("eight-equal-cp2-reference-count", "eleven-images-cp4-reference-count"),
+)
+def _shards_gathered_out_of_order():
+    import torch
+
+    from vdpcp import comm
+
+    def gather(local, counts, group=None):
+        gathered = comm.gather_features(local, counts, group)
+        return torch.cat(list(gathered.split(list(counts)))[::-1])
+
+    return {"vdpcp.sharded:gather_features": gather}
+
+
+@mutant(
+    "grad-averaged",
+    "the gather's backward averages the ranks' gradients (a data-parallel habit) instead of summing them",
+    kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count-zigzag"),
+)
+def _grad_averaged():
+    import torch.distributed as dist
+
+    from vdpcp import comm
+
+    class Averaged(comm._GatherFeatures):
+        @staticmethod
+        def backward(ctx, grad):
+            local_grad, _, _ = comm._GatherFeatures.backward(ctx, grad)
+            return local_grad / dist.get_world_size(ctx.group), None, None
+
+    def gather(local, counts, group=None):
+        return Averaged.apply(local, list(counts), group)
+
+    return {"vdpcp.sharded:gather_features": gather}
+
+
+@mutant(
+    "gather-before-project",
+    "the encoder output is gathered before the projector, so every rank projects every image (the projector "
+    "is replicated and a wider tensor crosses the wire)",
+    kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count"),
+)
+def _gather_before_project():
+    import torch.distributed as dist
+
+    from vdpcp import sharded
+
+    def encode_sharded(model, batch, config, group=None):
+        if not config.shard_vision:
+            return original(model, batch, config, group)
+        plan = sharded.plan_for(batch.spec, config)
+        shard = plan.shard(dist.get_rank(group))
+        encoded = model.encode(sharded.split(batch, shard), shard.imgs_sizes, shard.num_frames)
+        return model.project(sharded.gather_features(encoded, sharded.real_tokens(plan), group))
+
+    original = sharded.encode_sharded
+    return {"vdpcp.case:encode_sharded": encode_sharded}
+
+
+# --- the model and the loss ----------------------------------------------------------------------------
+
+
+@mutant(
+    "even-grid-padding-skipped",
+    "odd patch grids are not zero-padded to even before the pixel shuffle, so the 1x1 placeholders crash it",
+    kills=("empty-cp2-reference-count", "one-image-cp2-reference-count"),
+)
+def _even_grid_padding_skipped():
+    return {"vdpcp.model:pad_patch_grid_to_even": lambda grid: grid}
+
+
+@mutant(
+    "replicated-loss",
+    "every CP rank's loss covers all the gathered rows instead of its own share, so the summed gradients "
+    "count each row CP times",
+    kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count"),
+)
+def _replicated_loss():
+    def rank_loss(features, weights, rank):
+        return (sum(weights) * features).sum()
+
+    return {"vdpcp.case:rank_loss": rank_loss}
+
+
+# --- hunting -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Hunt:
+    """What running a mutant against cases found: the first case that killed it, and every case tried."""
+
+    mutant: str
+    killed_by: str | None = None
+    verdict: str = ""  # the killing case's verdict (fail or error) and why
+    tried: list[str] | None = None
+
+    @property
+    def killed(self) -> bool:
+        return self.killed_by is not None
+
+
+def hunt(name: str, cases, backend: str | None = None, timeout: float | None = None, on_case=None) -> Hunt:
+    """Run ``cases`` (vdpcp.case.Case, un-mutated) with mutant ``name`` applied, stopping at the first kill.
+
+    A case kills the mutant when its verdict, judged as the matrix judges it, is not a pass (an expected
+    xfail that fails the expected way does not count). ``on_case(case, verdict)`` is called after each.
+    """
+    from vdpcp import scenarios
+    from vdpcp.harness.config import resolve_backend
+    from vdpcp.runner import run_case
+
+    found = Hunt(name, tried=[])
+    for case in cases:
+        mutated = case.with_(mutant=name)
+        # Most kills are a rank raising while the others wait in the gather: its error is all the verdict needs.
+        result = run_case(mutated, backend=backend, timeout=timeout, fault_grace=scenarios.KNOWN_LIMIT_GRACE_S)
+        verdict, why = scenarios.judge(result, resolve_backend(backend, case.cp))
+        found.tried.append(case.id)
+        if on_case is not None:
+            on_case(case, verdict)
+        if verdict not in scenarios.PASSING:
+            found.killed_by, found.verdict = case.id, f"{verdict}: {why or _first_failure(result)}"
+            break
+    return found
+
+
+def _first_failure(result) -> str:
+    return (result.failures or [""])[0].splitlines()[0][:200]

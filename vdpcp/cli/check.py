@@ -1,0 +1,114 @@
+"""`vdpcp check`: run the correctness matrix (or part of it) and report every case.
+
+Each case runs the sharded encoder on CP ranks and compares it with the unsharded one: outputs on every
+rank, each rank's input grads for its own images, and parameter grads (summed over ranks, and each rank's
+own). Known upstream limits are strict xfails (see vdpcp.scenarios). Exit 0 when every case passes (an
+expected xfail counts as passing, an unexpected pass of one does not), 1 otherwise, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+from pathlib import Path
+
+from vdpcp.cli import UsageError
+
+IMPLS = ("reference", "mcore")  # as vdpcp.case.IMPLS, repeated so `vdpcp --help` need not import torch
+SPLITS = ("count", "balanced")
+LOSSES = ("rank", "zigzag")
+BACKENDS = ("auto", "nccl", "gloo")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("check", help=__doc__.splitlines()[0].split(": ", 1)[1], description=__doc__)
+    parser.add_argument("--cp", type=int, nargs="+", metavar="N", help="CP sizes to run (default: 1 2 4 8)")
+    parser.add_argument("--impl", nargs="+", choices=IMPLS, help="implementations (default: both)")
+    parser.add_argument("--split", nargs="+", choices=SPLITS, help="split strategies (default: both; balanced is reference only)")
+    parser.add_argument("--loss", nargs="+", choices=LOSSES, help="loss modes (default: both; zigzag on its subset)")
+    parser.add_argument("--spec", type=Path, action="append", metavar="FILE|DIR",
+                        help="run these spec files (or every *.json under a folder) instead of the matrix's scenarios")
+    parser.add_argument("-k", "--match", metavar="TEXT", help="only cases whose id contains TEXT")
+    parser.add_argument("--backend", choices=BACKENDS, default=None, help="process-group backend (default: $VDPCP_BACKEND or auto)")
+    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="seconds before a case counts as hung")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write every case's result as JSON")
+    parser.add_argument("--junit-xml", type=Path, metavar="PATH", help="write JUnit XML (one testcase per case)")
+    parser.add_argument("--list", action="store_true", help="list the selected case ids and exit")
+    parser.set_defaults(func=main)
+
+
+def select(args) -> tuple[list, list]:
+    """The cases the options ask for, in the matrix's order, and the scenario table they come from;
+    UsageError on bad input or an empty selection."""
+    from vdpcp import scenarios
+    from vdpcp.spec import SpecError
+
+    for n in args.cp or ():
+        if n < 1:
+            raise UsageError(f"--cp {n}: expected a positive number of ranks")
+    cps = tuple(args.cp or scenarios.CP_SIZES)
+    filters = dict(impls=tuple(args.impl or IMPLS), splits=tuple(args.split or SPLITS), losses=tuple(args.loss or LOSSES))
+    try:
+        if args.spec:
+            table = [s for path in args.spec for s in scenarios.spec_scenarios(path, cps)]
+        else:
+            table = scenarios.scenarios()
+        cases = scenarios.matrix(cps, table=table, special=not args.spec, **filters)
+    except SpecError as err:
+        raise UsageError(str(err)) from None
+    if args.match:
+        cases = [c for c in cases if args.match in c.id]
+    if not cases:
+        raise UsageError("no case matches the options (--cp, --impl, --split, --loss, --match)")
+    return cases, table
+
+
+def main(args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from vdpcp import report, scenarios
+    from vdpcp.harness import BackendUnavailable
+    from vdpcp.harness.config import configure, resolve_backend
+    from vdpcp.runner import preload_case_modules, run_case
+
+    cases, table = select(args)
+    if args.list:
+        print("\n".join(case.id for case in cases))
+        return 0
+    if args.backend is not None:
+        configure(backend=args.backend)
+    preload_case_modules()
+    try:
+        backends = {cp: resolve_backend(None, cp) for cp in {c.cp for c in cases}}
+    except BackendUnavailable as err:
+        raise UsageError(f"--backend {args.backend}: {err}") from None
+    rows = []
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=Console(stderr=True), redirect_stdout=False, redirect_stderr=False, transient=True)
+    with progress:
+        task = progress.add_task("check", total=len(cases))
+        for case in cases:
+            progress.update(task, description=case.id)
+            backend = backends[case.cp]
+            limit = scenarios.known_limit(case, backend)
+            printed = io.StringIO()
+            started = time.monotonic()
+            with contextlib.redirect_stdout(printed):  # the ranks' own output: kept for cases that do not pass
+                result = run_case(case, timeout=args.timeout,
+                                  fault_grace=scenarios.KNOWN_LIMIT_GRACE_S if limit else None)
+            verdict, why = scenarios.judge(result, backend)
+            rows.append(report.CheckRow(scenarios.family_of(case, table), verdict, why, result, time.monotonic() - started,
+                                        printed.getvalue() if verdict not in scenarios.PASSING else ""))
+            progress.advance(task)
+
+    out = report.console()
+    label = "/".join(sorted(set(backends.values())))
+    out.print(report.check_table(rows, label))
+    out.print(report.check_summary(rows))
+    if args.json:
+        report.write_json(args.json, "check", [report.check_record(r) for r in rows], backend=label)
+    if args.junit_xml:
+        report.write_junit(args.junit_xml, "vdpcp check", [report.check_junit(r) for r in rows])
+    return 0 if all(r.verdict in scenarios.PASSING for r in rows) else 1

@@ -1,0 +1,221 @@
+"""Reports of `vdpcp check` and `vdpcp mutants`: a table for the terminal, JSON, and JUnit XML for CI.
+
+A check row is one case's judged result (vdpcp.scenarios.judge): pass, fail, error, xfail (a known upstream
+limit failed the known way) or xpass (a strict xfail passed). A mutant row is one vdpcp.mutants.Hunt.
+Both become the same JUnit shape: xfail is a skipped test with its reason, fail/xpass a failure, error an error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from vdpcp.case import plan_of
+from vdpcp.cli import UsageError
+
+STYLES = {"pass": "green", "xfail": "yellow", "killed": "green", "fail": "bold red", "error": "bold red",
+          "xpass": "bold red", "survived": "bold red", "unsharded-error": "bold red"}
+ERRORS = (("out_err", "outputs"), ("input_grad_err", "input grads"), ("param_grad_err", "param grads"))
+
+
+@dataclass
+class CheckRow:
+    family: str
+    verdict: str  # as scenarios.judge says
+    why: str
+    result: object  # vdpcp.runner.CaseResult
+    seconds: float
+    output: str = ""  # what the ranks printed, kept for cases that did not pass
+
+    @property
+    def case(self):
+        return self.result.case
+
+
+@dataclass
+class MutantRow:
+    hunt: object  # vdpcp.mutants.Hunt
+    bug: str
+    seconds: float
+
+    @property
+    def verdict(self) -> str:
+        return "killed" if self.hunt.killed else "survived"
+
+
+def console() -> Console:
+    """stdout; wide enough for the table when stdout is not a terminal (CI logs)."""
+    return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+
+
+# --- check ---------------------------------------------------------------------------------------------
+
+
+def check_table(rows: list[CheckRow], backend: str) -> Table:
+    table = Table(title=f"vdpcp check ({backend})", show_lines=False)
+    for name, justify in (("family", "left"), ("case", "left"), ("CP", "right"), ("impl", "left"), ("split", "left"),
+                          ("images/rank", "left"), ("patches/rank", "left"), ("out err", "right"),
+                          ("in-grad err", "right"), ("param err", "right"), ("verdict", "left")):
+        table.add_column(name, justify=justify, no_wrap=name != "verdict")
+    for row in rows:
+        case, result = row.case, row.result
+        verdict = f"[{STYLES.get(row.verdict, '')}]{row.verdict}[/]"
+        if row.verdict not in ("pass",):
+            verdict += f" {_short(row.why or _first_failure(result))}"
+        table.add_row(row.family, _case_label(case), str(case.cp), case.impl, case.split, *_per_rank(result),
+                      *(_err(result, attr) for attr, _ in ERRORS), verdict)
+    return table
+
+
+def check_summary(rows: list[CheckRow]) -> str:
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.verdict] = counts.get(row.verdict, 0) + 1
+    parts = ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return f"{len(rows)} cases: {parts}; {sum(r.seconds for r in rows):.1f} s in cases"
+
+
+def check_record(row: CheckRow) -> dict:
+    case, result = row.case, row.result
+    return {
+        "id": case.id,
+        "family": row.family,
+        "spec": case.spec.to_dict(),
+        "cp": case.cp,
+        "impl": case.impl,
+        "split": case.split,
+        "loss": case.loss,
+        "grads": case.grads,
+        "vision_dp_over_cp": case.vision_dp_over_cp,
+        "config_cp": case.config_cp,
+        "verdict": row.verdict,
+        "why": row.why,
+        "seconds": round(row.seconds, 3),
+        "ranks": [
+            {"rank": r.rank, "images": r.images, "placeholders": r.placeholders, "patches": r.patches,
+             **{attr: _finite(getattr(r, attr)) for attr, _ in ERRORS}, "failures": r.failures}
+            for r in result.ranks
+        ],
+        "failures": result.failures,
+        **({"output": row.output} if row.output else {}),
+    }
+
+
+def check_junit(row: CheckRow) -> dict:
+    return _junit_case(row.case.id, f"vdpcp.check.{row.family}", row.seconds, row.verdict,
+                       row.why or _first_failure(row.result), row.result.summary())
+
+
+# --- mutants -------------------------------------------------------------------------------------------
+
+
+def mutants_table(rows: list[MutantRow], backend: str) -> Table:
+    table = Table(title=f"vdpcp mutants ({backend})")
+    for name in ("mutant", "bug", "killed by", "how", "tried", "s"):
+        table.add_column(name, no_wrap=name in ("mutant", "killed by"), justify="right" if name in ("tried", "s") else "left")
+    for row in rows:
+        h = row.hunt
+        killer = f"[{STYLES[row.verdict]}]{h.killed_by or 'SURVIVED'}[/]"
+        table.add_row(h.mutant, row.bug, killer, _short(h.verdict, 90), str(len(h.tried or [])), f"{row.seconds:.1f}")
+    return table
+
+
+def mutant_record(row: MutantRow) -> dict:
+    h = row.hunt
+    return {"mutant": h.mutant, "bug": row.bug, "verdict": row.verdict, "killed_by": h.killed_by, "how": h.verdict,
+            "tried": h.tried, "seconds": round(row.seconds, 3)}
+
+
+def mutant_junit(row: MutantRow) -> dict:
+    h = row.hunt
+    verdict = "pass" if h.killed else "fail"
+    message = f"killed by {h.killed_by}: {h.verdict}" if h.killed else f"survived {len(h.tried or [])} cases"
+    return _junit_case(h.mutant, "vdpcp.mutants", row.seconds, verdict, message, row.bug)
+
+
+# --- writing -------------------------------------------------------------------------------------------
+
+
+def write_json(path: Path, kind: str, records: list[dict], **meta) -> None:
+    _write(path, json.dumps({"kind": kind, **meta, "results": records}, indent=1) + "\n")
+
+
+def write_junit(path: Path, suite: str, cases: list[dict]) -> None:
+    """JUnit XML as CI systems read it: one testsuite, one testcase per row."""
+    root = ET.Element("testsuite", name=suite, tests=str(len(cases)),
+                      failures=str(sum(c["outcome"] == "failure" for c in cases)),
+                      errors=str(sum(c["outcome"] == "error" for c in cases)),
+                      skipped=str(sum(c["outcome"] == "skipped" for c in cases)),
+                      time=f"{sum(c['seconds'] for c in cases):.3f}")
+    for c in cases:
+        element = ET.SubElement(root, "testcase", classname=c["classname"], name=c["name"], time=f"{c['seconds']:.3f}")
+        if c["outcome"] != "passed":
+            child = ET.SubElement(element, c["outcome"], message=c["message"])
+            child.text = c["detail"]
+    ET.indent(root)
+    _write(path, ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n")
+
+
+def _junit_case(name, classname, seconds, verdict, message, detail) -> dict:
+    outcome = {"pass": "passed", "xfail": "skipped", "error": "error"}.get(verdict, "failure")
+    return {"name": name, "classname": classname, "seconds": seconds, "outcome": outcome,
+            "message": f"{verdict}: {message}" if message else verdict, "detail": detail}
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as err:
+        raise UsageError(f"{path}: cannot write the report ({err.strerror})") from None
+
+
+def _case_label(case) -> str:
+    parts = [case.spec.name]
+    if case.loss != "rank":
+        parts.append(case.loss)
+    if not case.grads:
+        parts.append("outputs only")
+    if not case.vision_dp_over_cp:
+        parts.append("opt-out")
+    if case.config_cp is not None:
+        parts.append(f"config CP={case.config_cp}")
+    return " ".join(parts)
+
+
+def _per_rank(result) -> tuple[str, str]:
+    """Real images (+ placeholders) and patches of each rank: as the ranks reported them, or, where the case
+    raised before they could, as its plan says."""
+    shares = [(r.images, r.placeholders, r.patches) for r in result.ranks]
+    case = result.case
+    if not shares and case.config.shard_vision and case.config.context_parallel_size == case.cp:
+        shares = [(s.num_real_rows, s.num_placeholders, s.num_patches) for s in plan_of(case).shards]
+    if not shares:
+        return "-", "-"
+    images = " ".join(f"{n}+{p}p" if p else str(n) for n, p, _ in shares)
+    return images, " ".join(str(patches) for _, _, patches in shares)
+
+
+def _err(result, attr: str) -> str:
+    measured = result.ranks and (attr == "out_err" or result.case.grads) and result.verdict != "unsharded-error"
+    return f"{result.max_err(attr):.1e}" if measured else "-"
+
+
+def _finite(value: float):
+    return value if math.isfinite(value) else str(value)
+
+
+def _first_failure(result) -> str:
+    return ((result.failures or [""])[0].splitlines() or [""])[0]
+
+
+def _short(text: str, width: int = 70) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
