@@ -30,6 +30,7 @@ def register(subparsers) -> None:
     parser.add_argument("--spec", type=Path, action="append", metavar="FILE|DIR",
                         help="run these spec files (or every *.json under a folder) instead of the matrix's scenarios")
     parser.add_argument("-k", "--match", metavar="TEXT", help="only cases whose id contains TEXT")
+    parser.add_argument("--mutant", metavar="NAME", help="apply a named mutant (vdpcp.mutants) to every case: see what kills it")
     parser.add_argument("--backend", choices=BACKENDS, default=None, help="process-group backend (default: $VDPCP_BACKEND or auto)")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="seconds before a case counts as hung")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every case's result as JSON")
@@ -59,6 +60,12 @@ def select(args) -> tuple[list, list]:
         raise UsageError(str(err)) from None
     if args.match:
         cases = [c for c in cases if args.match in c.id]
+    if args.mutant:
+        from vdpcp.mutants import MUTANTS
+
+        if args.mutant not in MUTANTS:
+            raise UsageError(f"--mutant {args.mutant}: unknown mutant; expected one of {sorted(MUTANTS)}")
+        cases = [c.with_(mutant=args.mutant) for c in cases]
     if not cases:
         raise UsageError("no case matches the options (--cp, --impl, --split, --loss, --match)")
     return cases, table

@@ -1,0 +1,120 @@
+"""The scenario table says what the issue asks of the matrix, and its expectations are decided by shape.
+
+Pure: no ranks run here (the matrix itself runs in test_matrix.py).
+"""
+
+import json
+
+import pytest
+
+from vdpcp import scenarios
+from vdpcp.case import Case, RankResult
+from vdpcp.runner import CaseResult
+from vdpcp.spec import MicrobatchSpec, SpecError
+
+MATRIX = scenarios.matrix()
+FAMILIES = {"fewer-images", "exact-remainder", "multi-image", "tubelets", "dataset"}
+
+
+def _cases(**where):
+    return [c for c in MATRIX if all(getattr(c, k) == v for k, v in where.items())]
+
+
+def test_at_least_150_distributed_cases_with_unique_ids():
+    ids = [c.id for c in MATRIX]
+    assert len(ids) >= 150
+    assert len(set(ids)) == len(ids)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_family_runs_every_cp_size_both_impls_and_zigzag_at_every_cp_size(family):
+    cases = [c for c in MATRIX if scenarios.family_of(c) == family]
+    assert {c.cp for c in cases} == {1, 2, 4, 8}
+    assert {c.impl for c in cases} == {"reference", "mcore"}
+    assert {c.cp for c in cases if c.loss == "zigzag"} == {1, 2, 4, 8}
+
+
+def test_balanced_runs_for_the_reference_only_and_where_it_differs_from_count():
+    balanced = _cases(split="balanced")
+    assert balanced and all(c.impl == "reference" for c in balanced)
+    assert all(not scenarios._same_plan_as_count(c) for c in balanced)
+
+
+def test_the_issue_scenarios_are_there():
+    names = {c.spec.name for c in MATRIX}
+    assert {"one-image", "three-images", "eight-equal", "eleven-images", "mixed-sizes", "non-square", "video-t2-even",
+            "video-t2-ragged", "video-t4-even", "video-t4-ragged", "few-tubelets-t2", "video-and-images",
+            "doc-qa", "multi-image", "video", "empty"} <= names
+    assert {c.cp for c in MATRIX if c.spec.name == "one-image"} >= {2, 4, 8}
+    assert any(c.spec.name == "three-images" and c.cp == 4 for c in MATRIX)
+    assert {c.cp for c in MATRIX if not c.vision_dp_over_cp} >= {2, 4, 8}
+    assert {c.impl for c in MATRIX if scenarios.expects_group_error(c)} == {"reference", "mcore"}
+
+
+def test_every_uneven_mcore_case_also_runs_outputs_only():
+    for case in _cases(impl="mcore", loss="rank", grads=True):
+        if case.config.shard_vision and case.config_cp is None and len(set(scenarios.rank_tokens(case))) > 1:
+            assert case.with_(grads=False) in MATRIX, case.id
+
+
+def test_gloo_gather_limit_follows_the_per_rank_token_counts():
+    spec = MicrobatchSpec(images=((16, 16),) * 4, name="t")
+    even, uneven = Case(spec, 2, "mcore"), Case(spec.__class__(images=((16, 16),) * 3, name="u"), 2, "mcore")
+    assert scenarios.rank_tokens(even) == [8, 8] and scenarios.known_limit(even, "gloo") is None
+    assert scenarios.rank_tokens(uneven) == [4, 8]
+    assert scenarios.known_limit(uneven, "gloo") is scenarios.GLOO_GATHER_BACKWARD
+    assert scenarios.known_limit(uneven, "nccl") is None  # runs for real on NCCL
+    assert scenarios.known_limit(uneven.with_(grads=False), "gloo") is None  # the outputs are always checked
+    assert scenarios.known_limit(uneven.with_(impl="reference"), "gloo") is None
+
+
+def _result(case, error=None, failures=()):
+    ranks = [] if error else [RankResult(r, 1, 0, 4, failures=list(failures)) for r in range(case.cp)]
+    return CaseResult(case, ranks=ranks, error=error)
+
+
+def test_judge_strict_xfail():
+    case = Case(MicrobatchSpec(images=((16, 16),) * 3, name="u"), 2, "mcore")
+    limit = scenarios.GLOO_GATHER_BACKWARD
+    assert scenarios.judge(_result(case, error=f"rank 0 raised RuntimeError: {limit.signature} at index 1"), "gloo")[0] == "xfail"
+    assert scenarios.judge(_result(case), "gloo")[0] == "xpass"  # the limit is gone: a failure
+    assert scenarios.judge(_result(case, error="rank 1 raised ValueError: something else"), "gloo")[0] == "error"
+    assert scenarios.judge(_result(case), "nccl")[0] == "pass"
+    assert "xpass" not in scenarios.PASSING
+
+
+def test_judge_group_mismatch_needs_the_documented_error_from_every_rank():
+    case = Case(MicrobatchSpec(images=((16, 16),), name="m"), 2, config_cp=4)
+    message = f"reference: {scenarios.GROUP_MISMATCH_TEXT}: context_parallel_size=4 but the CP group has 2 ranks"
+    both = f"failed on 2 of 2 ranks: rank 0 raised GroupMismatchError: {message}; rank 1 raised GroupMismatchError: {message}"
+    one = f"failed on 2 of 2 ranks: rank 0 raised GroupMismatchError: {message}; rank 1 hung: still running"
+    assert scenarios.judge(_result(case, error=both), "gloo")[0] == "pass"
+    verdict, why = scenarios.judge(_result(case, error=one), "gloo")
+    assert verdict == "fail" and "rank 1 did not raise" in why and "a rank hung" in why
+    assert scenarios.judge(_result(case), "gloo")[0] == "fail"  # no error at all
+
+
+def test_every_json_under_fixtures_is_a_scenario_recursively(tmp_path):
+    (tmp_path / "regressions" / "deep").mkdir(parents=True)
+    (tmp_path / "a.json").write_text(json.dumps({"name": "a", "images": [[8, 8]]}))
+    (tmp_path / "regressions" / "deep" / "b.json").write_text(json.dumps({"name": "b", "images": [[8, 8], [8, 16]]}))
+    table = {s.spec.name: s for s in scenarios.scenarios(tmp_path)}
+    assert table["a"].family == "fixture" and table["b"].family == "regressions/deep"
+    assert {c.spec.name for c in scenarios.matrix(table=list(table.values()))} >= {"a", "b"}
+
+
+def test_the_repository_fixtures_are_in_the_matrix():
+    for path, spec in scenarios.fixture_specs():
+        assert any(c.spec == spec for c in MATRIX), path
+
+
+def test_a_bad_fixture_names_its_file_and_field(tmp_path):
+    (tmp_path / "bad.json").write_text(json.dumps({"name": "bad", "images": [[8, 7]]}))
+    with pytest.raises(SpecError, match=r"bad\.json.*'images'"):
+        scenarios.scenarios(tmp_path)
+
+
+def test_two_different_specs_with_one_name_are_rejected(tmp_path):
+    (tmp_path / "x.json").write_text(json.dumps({"name": "three-images", "images": [[8, 8]]}))
+    with pytest.raises(SpecError, match="three-images"):
+        scenarios.scenarios(tmp_path)
