@@ -18,7 +18,7 @@ from vdpcp.harness.protocol import READY, Case
 _PACKAGE_ROOT = str(Path(vdpcp.__file__).resolve().parents[1])
 _ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 _HARNESS_DIR = str(Path(__file__).resolve().parent) + os.sep
-EXIT_REPORT_S = 5.0  # how long the zygote may take to report a worker's exit code
+ZYGOTE_REPLY_S = 30.0  # how long the zygote may take to fork or to report an exit: milliseconds, unless starved
 
 
 class ZygoteGone(RuntimeError):
@@ -66,16 +66,16 @@ class Zygote:
                                 [theirs.fileno()])
             except OSError as err:
                 raise ZygoteGone(self._obituary()) from err
-        deadline = time.monotonic() + EXIT_REPORT_S
+        deadline = time.monotonic() + ZYGOTE_REPLY_S
         while rank not in self._forked:
             if time.monotonic() > deadline:
-                raise ZygoteGone(f"the rank zygote did not fork rank {rank} within {EXIT_REPORT_S:g} s")
+                raise ZygoteGone(f"the rank zygote did not fork rank {rank} within {ZYGOTE_REPLY_S:g} s")
             self._receive(deadline - time.monotonic())
         return self._forked.pop(rank), Connection(ours.detach())
 
     def exit_code(self, pid: int) -> int | None:
         """The exit code of a worker that has exited, once the zygote reaped it; None if it cannot say."""
-        deadline = time.monotonic() + EXIT_REPORT_S
+        deadline = time.monotonic() + ZYGOTE_REPLY_S
         while pid not in self._exit_codes and time.monotonic() < deadline:
             try:
                 self._receive(deadline - time.monotonic())
@@ -87,7 +87,7 @@ class Zygote:
         """Let it go (it exits when its socket closes); kill it if it lingers."""
         self._sock.close()
         try:
-            self.process.wait(timeout=EXIT_REPORT_S)
+            self.process.wait(timeout=ZYGOTE_REPLY_S)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
@@ -193,7 +193,7 @@ class WorkerProcess:
 
     def _reap(self) -> None:
         if not self._reaped:
-            wait([self.pidfd], timeout=EXIT_REPORT_S)
+            wait([self.pidfd], timeout=ZYGOTE_REPLY_S)
             self.exit_code = self._zygote.exit_code(self.pid)
             self._reaped = True
 
@@ -206,7 +206,7 @@ class WorkerProcess:
 
 def describe_exit(code: int | None) -> str:
     if code is None:
-        return "exit code unknown: the zygote that reaps it is gone"
+        return "exit code unknown: the zygote that reaps it did not report it"
     if code >= 0:
         return f"exited with code {code}"
     try:
