@@ -29,6 +29,9 @@ from vdpcp.runner import CaseResult, run_case
 from vdpcp.spec import DEFAULT_PATCH_DIM, MicrobatchSpec
 
 DEFAULT_BUDGET = 100  # microbatches drawn before giving up (shrinking runs come on top)
+# Most failures are one rank raising while the others wait in the gather: the raising rank's error is the
+# signature, so the others get half a second, not the harness's 3 s, before the search moves on.
+FAULT_GRACE_S = 0.5
 TUBELET_SIZES = (1, 2, 4)
 MAX_GRID = 8  # patches per side: small enough for ~0.1 s a case, big enough for mixed sizes
 MAX_SEED = 2**16 - 1
@@ -71,6 +74,7 @@ def _side():
 # --- how a case failed ----------------------------------------------------------------------------------
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+_NUMBERS = re.compile(r"#(?:, #)+")  # a shape or a list of sizes: its length changes as the spec shrinks too
 _RANK_SECTION = re.compile(r"^----- rank (\d+): (.+?) -----$", re.MULTILINE)
 
 
@@ -78,7 +82,7 @@ def signature(result: CaseResult) -> str | None:
     """How a case failed, in words that survive shrinking: None for a pass or an unencodable spec.
 
     An error is the first raising rank's exception type and message; a failed check is the first failing
-    rank's first check message. Numbers become '#' (sizes and errors change as the spec shrinks).
+    rank's first check message. Numbers, and lists of them, become '#' (they change as the spec shrinks).
     """
     if result.verdict in ("pass", "unsharded-error"):
         return None
@@ -104,7 +108,7 @@ def failing_rank(result: CaseResult) -> tuple[int, str, str]:
 
 
 def _normalized(text: str) -> str:
-    return _NUMBER.sub("#", re.sub(r"^rank \d+: ", "", text))
+    return _NUMBERS.sub("#", _NUMBER.sub("#", re.sub(r"^rank \d+: ", "", text)))
 
 
 # --- the search -------------------------------------------------------------------------------------------
@@ -184,7 +188,7 @@ def fuzz(search: Search, out_dir: str | Path | None = None, on_run: OnRun | None
     last: list[tuple[MicrobatchSpec, CaseResult]] = []
 
     def fails_the_same_way(spec: MicrobatchSpec) -> bool:
-        result = run_case(search.case(spec), backend=search.backend, timeout=search.timeout)
+        result = run_case(search.case(spec), backend=search.backend, timeout=search.timeout, fault_grace=FAULT_GRACE_S)
         sig = signature(result)
         _count(report, result, bool(target))
         if sig is not None and not target:

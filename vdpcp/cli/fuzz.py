@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from vdpcp.cli import UsageError
-from vdpcp.cli.replay import add_case_arguments, check_mutant
+from vdpcp.cli.replay import add_case_arguments, check_mutant, preload_for
 
 DEFAULT_OUT = Path("fuzz-out")
 
@@ -39,6 +39,7 @@ def main(args) -> int:
     if budget < 1:
         raise UsageError(f"--budget {budget}: expected a positive number of microbatches")
     check_mutant(args.mutant)
+    preload_for(args.impl)
     search = Search(args.cp, budget, args.seed, impl=args.impl, split=args.split, dtype=args.dtype,
                     even_pad=args.even_pad, mutant=args.mutant, backend=args.backend, timeout=args.timeout)
     start = time.monotonic()

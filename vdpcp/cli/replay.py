@@ -45,6 +45,14 @@ def check_mutant(name: str | None) -> None:
         raise UsageError(f"--mutant {name}: unknown mutant; expected one of {sorted(MUTANTS)}")
 
 
+def preload_for(impl: str) -> None:
+    """MCore cases: rank workers start with megatron.core imported (a faulted case respawns them)."""
+    if impl == "mcore":
+        from vdpcp.runner import preload_case_modules
+
+        preload_case_modules()
+
+
 def load_case(path: Path, cp: int | None = None, **options):
     """The Case a spec file describes; UsageError (naming the file and field) on a bad file or CP size."""
     from vdpcp.capture import cp_from_name
@@ -114,6 +122,7 @@ def main(args) -> int:
 
     case = load_case(args.spec, args.cp, impl=args.impl, split=args.split, dtype=args.dtype,
                      even_pad=args.even_pad, mutant=args.mutant)
+    preload_for(case.impl)
     result = run_case(case, backend=args.backend, timeout=args.timeout)
     print(report(result, args.spec))
     if result.verdict == "unsharded-error":
