@@ -12,9 +12,9 @@ matrix before it is called a survivor.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
 
 
 @dataclass(frozen=True)

@@ -60,17 +60,16 @@ def console() -> Console:
 
 def check_table(rows: list[CheckRow], backend: str) -> Table:
     table = Table(title=f"vdpcp check ({backend})", show_lines=False)
-    for name, justify in (("family", "left"), ("case", "left"), ("CP", "right"), ("impl", "left"), ("split", "left"),
-                          ("images/rank", "left"), ("patches/rank", "left"), ("out err", "right"),
-                          ("in-grad err", "right"), ("param err", "right"), ("verdict", "left")):
-        table.add_column(name, justify=justify, no_wrap=name != "verdict")
+    for name in ("family", "case", "CP", "impl", "split", "images/rank", "patches/rank", "out err", "in-grad err",
+                 "param err", "verdict"):
+        table.add_column(name, justify="right" if name == "CP" or name.endswith("err") else "left", no_wrap=True)
+    table.add_column("why", overflow="fold", max_width=60)
     for row in rows:
         case, result = row.case, row.result
-        verdict = f"[{STYLES.get(row.verdict, '')}]{row.verdict}[/]"
-        if row.verdict not in ("pass",):
-            verdict += f" {_short(row.why or _first_failure(result))}"
+        why = "" if row.verdict == "pass" and not row.why.startswith("the documented") else row.why
         table.add_row(row.family, _case_label(case), str(case.cp), case.impl, case.split, *_per_rank(result),
-                      *(_err(result, attr) for attr, _ in ERRORS), verdict)
+                      *(_err(result, attr) for attr, _ in ERRORS), f"[{STYLES.get(row.verdict, '')}]{row.verdict}[/]",
+                      _short(why or ("" if row.verdict == "pass" else _first_failure(result)), 60))
     return table
 
 
@@ -191,7 +190,7 @@ def _case_label(case) -> str:
 
 
 def _per_rank(result) -> tuple[str, str]:
-    """Real images (+ placeholders) and patches of each rank: as the ranks reported them, or, where the case
+    """Real images (+ placeholders: "1p" is a rank of one placeholder) and patches of each rank: as the ranks reported them, or, where the case
     raised before they could, as its plan says."""
     shares = [(r.images, r.placeholders, r.patches) for r in result.ranks]
     case = result.case
@@ -199,7 +198,7 @@ def _per_rank(result) -> tuple[str, str]:
         shares = [(s.num_real_rows, s.num_placeholders, s.num_patches) for s in plan_of(case).shards]
     if not shares:
         return "-", "-"
-    images = " ".join(f"{n}+{p}p" if p else str(n) for n, p, _ in shares)
+    images = " ".join((f"{n}+{p}p" if n else f"{p}p") if p else str(n) for n, p, _ in shares)
     return images, " ".join(str(patches) for _, _, patches in shares)
 
 

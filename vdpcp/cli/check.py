@@ -49,7 +49,7 @@ def select(args) -> tuple[list, list]:
         if n < 1:
             raise UsageError(f"--cp {n}: expected a positive number of ranks")
     cps = tuple(args.cp or scenarios.CP_SIZES)
-    filters = dict(impls=tuple(args.impl or IMPLS), splits=tuple(args.split or SPLITS), losses=tuple(args.loss or LOSSES))
+    filters = {"impls": tuple(args.impl or IMPLS), "splits": tuple(args.split or SPLITS), "losses": tuple(args.loss or LOSSES)}
     try:
         if args.spec:
             table = [s for path in args.spec for s in scenarios.spec_scenarios(path, cps)]

@@ -65,7 +65,10 @@ def main(args) -> int:
         task = progress.add_task("mutants", total=len(names))
         for name in names:
             started = time.monotonic()
-            show = lambda case, verdict, name=name: progress.update(task, description=f"{name}: {case.id} {verdict}")  # noqa: E731
+
+            def show(case, verdict, name=name):
+                progress.update(task, description=f"{name}: {case.id} {verdict}")
+
             with contextlib.redirect_stdout(io.StringIO()):  # the ranks' own output
                 kill_set = [] if args.full else [by_id[k] for k in MUTANTS[name].kills]
                 found = hunt(name, kill_set, timeout=args.timeout, on_case=show)
