@@ -8,7 +8,6 @@ not hold on some rank), or errors (a rank raised, died or hung: the harness's Ra
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 
 from vdpcp import harness
@@ -73,26 +72,10 @@ def run_case(case: Case, backend: str | None = None, timeout: float | None = Non
     limit) sets it short: the raising rank's error is all it needs, and the wait would be idle time.
     """
     try:
-        with _fault_grace(fault_grace):
-            ranks = run_ranks(check_case, case.cp, case, backend=backend, timeout=timeout)
+        ranks = run_ranks(check_case, case.cp, case, backend=backend, timeout=timeout, fault_grace=fault_grace)
     except RankFailure as failure:
         return CaseResult(case, error=str(failure))
     return CaseResult(case, ranks=ranks)
-
-
-@contextlib.contextmanager
-def _fault_grace(seconds: float | None):
-    # The harness has no per-call setting for this; its pool reads the module constant at each fault.
-    if seconds is None:
-        yield
-        return
-    from vdpcp.harness import pool
-
-    saved, pool.FAULT_GRACE_S = pool.FAULT_GRACE_S, seconds
-    try:
-        yield
-    finally:
-        pool.FAULT_GRACE_S = saved
 
 
 def preload_case_modules() -> None:

@@ -20,7 +20,7 @@ from vdpcp.harness.process import WorkerProcess, Zygote
 from vdpcp.harness.protocol import READY, Case, GroupSpec
 
 STARTUP_TIMEOUT_S = 120.0  # the zygote's torch import; forking a worker takes milliseconds
-FAULT_GRACE_S = 3.0  # after one rank fails, how long the others get to finish before their stacks are taken
+FAULT_GRACE_S = 3.0  # default: after one rank fails, how long the others get to finish before their stacks are taken
 STACK_WAIT_S = 2.0
 OUTPUT_TAIL_LINES = 30
 
@@ -38,10 +38,12 @@ class WorkerPool:
         """The workers' pids, by rank (the zygote's is not among them)."""
         return [w.pid for w in self._workers]
 
-    def run(self, call: bytes, world_size: int, backend: str, timeout: float, preload: tuple[str, ...] = ()) -> list[Outcome]:
+    def run(self, call: bytes, world_size: int, backend: str, timeout: float, preload: tuple[str, ...] = (),
+            fault_grace: float = FAULT_GRACE_S) -> list[Outcome]:
         """Run the pickled ``call`` on ranks 0..world_size-1; one Outcome per rank, in rank order.
 
-        ``preload``: the modules the zygote must have imported (see config.configure).
+        ``preload``: the modules the zygote must have imported (see config.configure). ``fault_grace``:
+        seconds the other ranks get to finish once one rank failed.
         """
         try:
             self._grow(world_size, preload)
@@ -49,7 +51,7 @@ class WorkerPool:
             spec = self._group_spec(world_size, backend)
             for w in workers:
                 w.send(Case(w.rank, spec, call, list(sys.path), os.getcwd(), dict(os.environ)))
-            outcomes = self._collect(workers, timeout)
+            outcomes = self._collect(workers, timeout, fault_grace)
             self._report_output(workers, outcomes)
         except BaseException:  # Ctrl-C, or a fault of the harness itself: leave no worker mid-case
             self.shutdown()
@@ -105,7 +107,7 @@ class WorkerPool:
             self._group = GroupSpec(self._generation, world_size, backend, str(store))
         return self._group
 
-    def _collect(self, workers: list[WorkerProcess], timeout: float) -> list[Outcome]:
+    def _collect(self, workers: list[WorkerProcess], timeout: float, grace: float) -> list[Outcome]:
         """Wait for every rank's outcome; stop early once a rank failed and the others had their grace."""
         pending = {w.rank: w for w in workers}
         outcomes: dict[int, Outcome] = {}
@@ -120,8 +122,8 @@ class WorkerPool:
                 outcomes[rank] = outcome
                 del pending[rank]
                 if outcome.kind in FAULTS and cutoff == deadline:
-                    cutoff = min(deadline, time.monotonic() + FAULT_GRACE_S)
-                    late = f"hung: still running {FAULT_GRACE_S:g} s after rank {rank} {outcome.summary}"
+                    cutoff = min(deadline, time.monotonic() + grace)
+                    late = f"hung: still running {grace:g} s after rank {rank} {outcome.summary}"
         for rank, stack in _stacks(list(pending.values())).items():
             outcomes[rank] = Outcome(rank, HUNG, summary=late, detail=stack)
         return [outcomes[w.rank] for w in workers]

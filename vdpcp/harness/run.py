@@ -7,20 +7,23 @@ import threading
 
 from vdpcp.harness import config, launcher
 from vdpcp.harness.outcome import settle
-from vdpcp.harness.pool import WorkerPool
+from vdpcp.harness.pool import FAULT_GRACE_S, WorkerPool
 
 _pool: WorkerPool | None = None
 _pool_owner = 0  # the pid that made _pool: a forked child must not drive its parent's workers
 _lock = threading.Lock()
 
 
-def run_ranks(fn, world_size: int, *args, backend: str | None = None, timeout: float | None = None, **kwargs) -> list:
+def run_ranks(fn, world_size: int, *args, backend: str | None = None, timeout: float | None = None,
+              fault_grace: float | None = None, **kwargs) -> list:
     """Run ``fn(ctx, *args, **kwargs)`` on ranks 0..world_size-1; their return values, indexed by rank.
 
     ``fn`` must be a module-level function (it is pickled by reference; test modules are fine), and
     args, kwargs and return values must pickle. ``backend``: "auto" (NCCL when there is a GPU per
     rank, else gloo), "nccl" or "gloo"; None takes the configured default. ``timeout``: seconds before
-    a case counts as hung; None takes the configured default (120 s).
+    a case counts as hung; None takes the configured default (120 s). ``fault_grace``: seconds the
+    other ranks get to finish once one rank failed (default 3 s); a case expected to fail with one rank
+    raising and the rest stuck in a collective sets it short.
 
     Raises RankFailure if a rank raises, dies or hangs; skips or xfails if a rank does; raises
     BackendUnavailable if NCCL is forced without a GPU per rank. Under torchrun, see launcher.py.
@@ -36,7 +39,8 @@ def run_ranks(fn, world_size: int, *args, backend: str | None = None, timeout: f
     chosen = config.resolve_backend(backend, world_size)
     call = _pickled_call(fn, args, kwargs, what)
     with _lock:
-        outcomes = _shared_pool().run(call, world_size, chosen, timeout, config.default_preload())
+        grace = FAULT_GRACE_S if fault_grace is None else fault_grace
+        outcomes = _shared_pool().run(call, world_size, chosen, timeout, config.default_preload(), grace)
     return settle(outcomes, f"{what} ({chosen}, world size {world_size})")
 
 
