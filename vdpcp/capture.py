@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from contextlib import contextmanager
 from pathlib import Path
+
 from vdpcp.spec import MicrobatchSpec, SpecError
 
 _CP_TAG = re.compile(r"(?:^|-)cp(\d+)$")

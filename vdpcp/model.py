@@ -83,7 +83,8 @@ class VisionModel(nn.Module):
         """Packed patches [1, N, 3*P*P] -> pixel-shuffled features [tokens, 4*hidden], images in order."""
         grids = [(int(h) // self.config.patch_dim, int(w) // self.config.patch_dim) for h, w in _pairs(imgs_sizes)]
         units, unit_grids = self._tubelets(patches[0], grids, num_frames)
-        x = torch.cat([self.embed(u) + self.pos[:gh, :gw].reshape(gh * gw, -1) for u, (gh, gw) in zip(units, unit_grids)]) if units else patches.new_zeros(0, self.config.hidden)
+        embedded = [self.embed(u) + self.pos[:gh, :gw].reshape(gh * gw, -1) for u, (gh, gw) in zip(units, unit_grids)]
+        x = torch.cat(embedded) if embedded else patches.new_zeros(0, self.config.hidden)
         seqlens = [gh * gw for gh, gw in unit_grids]
         for block in self.blocks:
             x = block(x, seqlens)

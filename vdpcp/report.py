@@ -190,8 +190,8 @@ def _case_label(case) -> str:
 
 
 def _per_rank(result) -> tuple[str, str]:
-    """Real images (+ placeholders: "1p" is a rank of one placeholder) and patches of each rank: as the ranks reported them, or, where the case
-    raised before they could, as its plan says."""
+    """Real images (+ placeholders: "1p" is a rank of one placeholder) and patches of each rank: as the
+    ranks reported them, or, where the case raised before they could, as its plan says."""
     shares = [(r.images, r.placeholders, r.patches) for r in result.ranks]
     case = result.case
     if not shares and case.config.shard_vision and case.config.context_parallel_size == case.cp:

@@ -182,5 +182,7 @@ def _validate(spec: MicrobatchSpec) -> None:
         for m, n in enumerate(spec.num_frames):
             sizes = set(spec.images[start : start + n])
             if len(sizes) > 1:
-                raise SpecError(f"media item {m} (rows {start}..{start + n - 1}): frames of a video must share one size, got {sorted(sizes)}")
+                raise SpecError(
+                    f"media item {m} (rows {start}..{start + n - 1}): frames of a video must share one size, got {sorted(sizes)}"
+                )
             start += n

@@ -53,7 +53,8 @@ def test_bench_wire_prints_both_gathers(capsys):
 
 
 def test_bench_memory_on_cpu_says_so_and_measures_every_shard(tmp_path, capsys):
-    argv = ["bench", "memory", "--device", "cpu", "--seeds", "1", "--samples", "2", "--cp", "2", "--cp", "3", "--layers", "1", "--reps", "1"]
+    argv = ["bench", "memory", "--device", "cpu", "--seeds", "1", "--samples", "2",
+            "--cp", "2", "--cp", "3", "--layers", "1", "--reps", "1"]
     assert main(argv + ["--out", str(tmp_path)]) == 0
     assert "CPU (small size: not the GPU's figures)" in capsys.readouterr().out
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]

@@ -61,7 +61,8 @@ def _specs(args):
         if args.seeds < 1:
             raise UsageError(f"--seeds must be a positive integer, got {args.seeds}")
         try:
-            return [generate(args.dataset, s, samples=args.samples, patch_dim=args.patch_dim) for s in range(args.seed, args.seed + args.seeds)]
+            seeds = range(args.seed, args.seed + args.seeds)
+            return [generate(args.dataset, s, samples=args.samples, patch_dim=args.patch_dim) for s in seeds]
         except DatasetError as err:
             raise UsageError(f"--dataset: {err}") from None
     source = Path(args.source)
