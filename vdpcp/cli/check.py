@@ -16,6 +16,7 @@ from pathlib import Path
 from vdpcp.cli import UsageError
 
 IMPLS = ("reference", "mcore")  # as vdpcp.case.IMPLS, repeated so `vdpcp --help` need not import torch
+DTYPES = ("float64", "float32", "bfloat16")  # as vdpcp.case.DTYPES
 SPLITS = ("count", "balanced")
 LOSSES = ("rank", "zigzag")
 BACKENDS = ("auto", "nccl", "gloo")
@@ -30,6 +31,8 @@ def register(subparsers) -> None:
     parser.add_argument("--spec", type=Path, action="append", metavar="FILE|DIR",
                         help="run these spec files (or every *.json under a folder) instead of the matrix's scenarios")
     parser.add_argument("-k", "--match", metavar="TEXT", help="only cases whose id contains TEXT")
+    parser.add_argument("--dtype", choices=DTYPES, default="float64",
+                        help="dtype of every case (default float64; bf16 gradients compare as vectors, see vdpcp.case)")
     parser.add_argument("--mutant", metavar="NAME", help="apply a named mutant (vdpcp.mutants) to every case: see what kills it")
     parser.add_argument("--backend", choices=BACKENDS, default=None, help="process-group backend (default: $VDPCP_BACKEND or auto)")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="seconds before a case counts as hung")
@@ -60,6 +63,8 @@ def select(args) -> tuple[list, list]:
         raise UsageError(str(err)) from None
     if args.match:
         cases = [c for c in cases if args.match in c.id]
+    if args.dtype != "float64":
+        cases = [c.with_(dtype=args.dtype) for c in cases]
     if args.mutant:
         from vdpcp.mutants import MUTANTS
 
