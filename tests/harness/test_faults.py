@@ -8,6 +8,7 @@ import time
 import pytest
 import torch.distributed as dist
 
+from tests.harness.processes import alive
 from vdpcp.harness import RankFailure, run_ranks
 
 GENEROUS_TIMEOUT = 60.0  # faults below must be reported long before it: they are noticed, not timed out
@@ -16,14 +17,6 @@ NOTICED_WITHIN_S = 15.0
 
 def worker_pid(ctx):
     return os.getpid()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def raise_before_barrier(ctx):

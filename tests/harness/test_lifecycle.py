@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.processes import alive
 from vdpcp.harness import run_ranks, shutdown
 from vdpcp.harness.pool import WorkerPool
 
@@ -27,14 +28,6 @@ def pool_directory(ctx):
 
 def nap(ctx):
     time.sleep(60)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def wait_until_gone(pids, within: float = GONE_WITHIN_S) -> list[int]:
