@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +146,6 @@ class Microbatch:
     patches: torch.Tensor
     imgs_sizes: torch.Tensor
     cu_seqlens: torch.Tensor
-    extra: dict = field(default_factory=dict)
 
 
 def _is_int(value) -> bool:

@@ -33,11 +33,6 @@ class WorkerPool:
         self._generation = 0
         self._group: GroupSpec | None = None
 
-    @property
-    def pids(self) -> list[int]:
-        """The workers' pids, by rank (the zygote's is not among them)."""
-        return [w.pid for w in self._workers]
-
     def run(self, call: bytes, world_size: int, backend: str, timeout: float, preload: tuple[str, ...] = (),
             fault_grace: float = FAULT_GRACE_S) -> list[Outcome]:
         """Run the pickled ``call`` on ranks 0..world_size-1; one Outcome per rank, in rank order.
