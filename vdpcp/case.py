@@ -27,7 +27,7 @@ import torch
 
 from vdpcp import comm
 from vdpcp.model import TowerConfig, VisionModel
-from vdpcp.sharded import VisionDPConfig, encode_sharded, encode_unsharded, plan_for, real_tokens
+from vdpcp.sharded import VisionDPConfig, encode_sharded, encode_unsharded, plan_for, real_units
 from vdpcp.spec import MicrobatchSpec
 
 IMPLS = ("reference", "mcore")
@@ -154,9 +154,9 @@ def _check(ctx, case: Case) -> RankResult:
     # its own images' rows, so they equal the unsharded gradients of those rows under the summed weights
     # (which also says the projector stays sharded); without sharding, those of this rank's own loss.
     if config.shard_vision:
-        start, stop = _own_rows(case, ctx.rank)
+        own_rows = _own_token_mask(case, ctx.rank, device)
         own_weight = torch.zeros_like(ref_features)
-        own_weight[start:stop] = sum(weights)[start:stop]
+        own_weight[own_rows] = sum(weights)[own_rows]
     else:
         own_weight = weights[ctx.rank]
     expected_rank_params = _param_grads(reference, (own_weight * ref_features).sum())
@@ -240,20 +240,24 @@ def plan_of(case: Case):
     return plan_for(case.spec, case.config if case.impl == "reference" else replace(case.config, strategy="count"))
 
 
-def _own_rows(case: Case, rank: int) -> tuple[int, int]:
-    """Rows [start, stop) of the gathered features that come from this rank's real images."""
-    counts = real_tokens(plan_of(case))
-    return sum(counts[:rank]), sum(counts[: rank + 1])
+def _own_token_mask(case: Case, rank: int, device) -> torch.Tensor:
+    """Rows of the gathered features (in image order) that come from this rank's real images.
+
+    Not one range under the packed split, whose ranks hold images out of order: built unit by unit.
+    """
+    own = []
+    for owner, _, tokens in sorted(real_units(plan_of(case)), key=lambda unit: unit[1]):  # image order
+        own += [owner == rank] * tokens
+    return torch.tensor(own, dtype=torch.bool, device=device)
 
 
 def _own_patch_mask(case: Case, rank: int, batch) -> torch.Tensor:
     """Patch positions of the real images this rank encodes."""
     plan = plan_of(case)
     shard = plan.shard(rank)
-    stop = min(shard.stop, plan.num_real_rows)
     mask = torch.zeros(batch.patches.shape[1], dtype=torch.bool, device=batch.patches.device)
-    if shard.start < stop:
-        mask[int(batch.cu_seqlens[shard.start]) : int(batch.cu_seqlens[stop])] = True
+    for row in plan.order[shard.start : min(shard.stop, plan.num_real_rows)]:
+        mask[int(batch.cu_seqlens[row]) : int(batch.cu_seqlens[row + 1])] = True
     return mask
 
 

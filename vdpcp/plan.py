@@ -13,9 +13,16 @@ Two strategies:
   the count plan divides tubelets by count instead, as MCore divides images at T=1.
 - ``balanced``: contiguous ranges of whole units (images, or tubelets) that minimise the busiest rank's
   cost: an optimal linear partition, found by binary search on the bottleneck. Same placeholder rule.
+- ``packed``: whole units assigned to ranks without keeping image order (a multiway number partition:
+  the balanced split and LPT, largest first onto the least loaded rank, each improved by moves and swaps
+  off the busiest rank while it cools; the better wins), so the busiest rank can come close to
+  max(largest unit, total / CP) where no contiguous split can. The plan's ``order`` lists the rows rank by
+  rank, each unit its own media item; the gather's output is put back in image order after. Same
+  placeholder rule (with fewer units than ranks every rank holds one unit anyway, in order).
 
 Rows are image rows as the VLM packs them: one per image or video frame; placeholders are extra rows
-after the real ones, each its own one-frame media item.
+after the real ones, each its own one-frame media item. Shards are contiguous ranges of the rows in split
+order: ``order[i]`` is the microbatch row at split position i (the identity for count and balanced).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-STRATEGIES = ("count", "balanced")
+STRATEGIES = ("count", "balanced", "packed")
 COSTS = ("patches", "attention")
 # The attention cost p*(p+alpha) needs alpha in tokens; about 3x the tower's hidden size (a peer's choice).
 DEFAULT_ALPHA = 96
@@ -36,7 +43,7 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class RankShard:
-    """One rank's share: rows [start, stop) of the padded row list, described as the encoder needs."""
+    """One rank's share: rows [start, stop) of the padded row list in split order, described as the encoder needs."""
 
     rank: int
     start: int
@@ -69,11 +76,17 @@ class Plan:
     strategy: str
     patch_dim: int
     temporal_patch_size: int
-    rows: tuple[tuple[int, int], ...]  # (H, W) pixels of every row, real rows first, then placeholders
-    media_frames: tuple[int, ...]  # frames per media item over the padded row list
+    rows: tuple[tuple[int, int], ...]  # (H, W) pixels of every row in split order, real rows first, then placeholders
+    media_frames: tuple[int, ...]  # frames per media item over the padded row list in split order
     num_real_rows: int
     shards: tuple[RankShard, ...]
     num_padded_ranks: int
+    order: tuple[int, ...]  # microbatch row of each split position (placeholders map to themselves)
+
+    @property
+    def reordered(self) -> bool:
+        """True when ranks hold rows out of image order, so the gathered features need putting back."""
+        return any(i != row for i, row in enumerate(self.order))
 
     @property
     def num_placeholders(self) -> int:
@@ -121,16 +134,20 @@ def make_plan(
     media = list(num_frames) if num_frames is not None else [1] * len(rows)
     if sum(media) != len(rows):
         raise PlanError(f"num_frames {media} sums to {sum(media)}, expected {len(rows)} rows")
+    order = list(range(len(rows)))
     if strategy == "count":
         points, media, num_padded, num_placeholders = _count_split(rows, media, cp_size, T)
-    else:
+    elif strategy == "balanced":
         points, media, num_padded, num_placeholders = _balanced_split(rows, media, cp_size, T, patch_dim, _cost_fn(cost, alpha))
-    rows += [(patch_dim, patch_dim)] * num_placeholders
+    else:
+        points, media, num_padded, num_placeholders, order = _packed_split(rows, media, cp_size, T, patch_dim, _cost_fn(cost, alpha))
+    rows = [rows[i] for i in order] + [(patch_dim, patch_dim)] * num_placeholders
+    order += range(len(order), len(rows))
     num_real = len(rows) - num_placeholders
     shards = tuple(
         _make_shard(r, points[r], points[r + 1], rows, media, num_real, patch_dim) for r in range(cp_size)
     )
-    return Plan(cp_size, strategy, patch_dim, T, tuple(rows), tuple(media), num_real, shards, num_padded)
+    return Plan(cp_size, strategy, patch_dim, T, tuple(rows), tuple(media), num_real, shards, num_padded, tuple(order))
 
 
 # --- count split (MCore's rules) ------------------------------------------------------------------
@@ -270,6 +287,93 @@ def _greedy_starts(costs, bound):
             load = 0
         load += c
     return starts
+
+
+# --- packed split --------------------------------------------------------------------------------
+
+
+def _packed_split(rows, media, cp, T, patch_dim, unit_cost):
+    """_balanced_split's results plus the order: each rank's units, rank by rank, in image order within a rank."""
+    units = _units(media, T)
+    if len(units) < cp:  # one unit per rank and placeholders after: already optimal, and in order
+        return (*_balanced_split(rows, media, cp, T, patch_dim, unit_cost), list(range(len(rows))))
+    costs = [unit_cost(_tokens(rows[first], patch_dim)) for first, _ in units]
+    bins = _pack(costs, cp)
+    order, media, points = [], [], [0]
+    for members in bins:
+        for u in members:
+            first, frames = units[u]
+            order += range(first, first + frames)
+            media.append(frames)  # each unit its own media item: a tubelet is encoded alone either way
+        points.append(len(order))
+    return points, media, 0, 0, order
+
+
+def _pack(costs: Sequence[int], parts: int) -> list[list[int]]:
+    """Unit indices of each of ``parts`` non-empty groups, sorted, with a small largest group sum.
+
+    Requires len(costs) >= parts. Two starts, each improved (see _improve): the optimal contiguous partition
+    (the balanced split) and LPT, units largest first, each onto the least loaded group. The better result
+    wins, the contiguous one on a tie (it needs no reordering), so packed is never worse than balanced or
+    LPT: neither alone is always the better start.
+    """
+    contiguous = _min_bottleneck_partition(costs, parts) + [len(costs)]
+    starts = [[list(range(a, b)) for a, b in zip(contiguous, contiguous[1:])], _lpt(costs, parts)]
+    improved = [_improve(groups, costs) for groups in starts]
+    return min(improved, key=lambda groups: max(sum(costs[u] for u in g) for g in groups))
+
+
+def _lpt(costs, parts):
+    """Largest first onto the least loaded group; ties to the group with fewer units, then the lower index,
+    so the first ``parts`` units open every group."""
+    groups: list[list[int]] = [[] for _ in range(parts)]
+    loads = [0] * parts
+    for u in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        g = min(range(parts), key=lambda k: (loads[k], len(groups[k]), k))
+        groups[g].append(u)
+        loads[g] += costs[u]
+    return groups
+
+
+def _improve(groups, costs):
+    """Move one unit off the busiest group, or swap one of its units for a smaller one, whichever leaves the
+    pair's larger sum lowest, while that is below the busiest sum; groups stay non-empty.
+
+    Each step lowers the loads sorted high to low lexicographically (so it ends) and never raises the largest
+    sum. Deterministic: ties go to the lower index throughout.
+    """
+    groups = [list(g) for g in groups]
+    loads = [sum(costs[u] for u in g) for g in groups]
+    while (step := _best_step(groups, loads, costs)) is not None:
+        hot, other, out, back = step  # move unit ``out`` from hot to other, and ``back`` (or None) the other way
+        groups[hot].remove(out)
+        groups[other].append(out)
+        loads[hot] -= costs[out]
+        loads[other] += costs[out]
+        if back is not None:
+            groups[other].remove(back)
+            groups[hot].append(back)
+            loads[other] -= costs[back]
+            loads[hot] += costs[back]
+    return [sorted(g) for g in groups]
+
+
+def _best_step(groups, loads, costs):
+    """The move or swap off the busiest group that leaves the pair's larger sum lowest, or None."""
+    hot = max(range(len(loads)), key=lambda k: (loads[k], -k))
+    best, best_peak = None, loads[hot]
+    for other in range(len(loads)):
+        if other == hot:
+            continue
+        for out in groups[hot]:
+            backs = [None] if len(groups[hot]) > 1 else []  # a move must not leave the busiest group empty
+            backs += [b for b in groups[other] if costs[b] < costs[out]]
+            for back in backs:
+                delta = costs[out] - (0 if back is None else costs[back])
+                peak = max(loads[hot] - delta, loads[other] + delta)
+                if peak < best_peak:
+                    best, best_peak = (hot, other, out, back), peak
+    return best
 
 
 # --- shared helpers -------------------------------------------------------------------------------

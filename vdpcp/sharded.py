@@ -2,7 +2,8 @@
 
 Each CP rank encodes only its share of the microbatch's images with the full tower, projects them (so the
 projector stays sharded and only the smaller projected features cross the wire), and one gather restores
-the global feature set that every rank's media merge needs.
+the global feature set that every rank's media merge needs. Where the plan assigns images out of order
+(the packed split), one index_select after the gather puts the features back in image order.
 """
 
 from __future__ import annotations
@@ -69,32 +70,69 @@ def encode_sharded(model: VisionModel, batch: Microbatch, config: VisionDPConfig
         return encode_unsharded(model, batch)
     plan = plan_for(batch.spec, config)
     shard = plan.shard(dist.get_rank(group))
-    local = split(batch, shard)
+    local = split(batch, shard, plan.order)
     projected = model.project(model.encode(local, shard.imgs_sizes, shard.num_frames))
-    return gather_features(projected, real_tokens(plan), group)
+    gathered = gather_features(projected, real_tokens(plan), group)
+    index = image_order(plan)
+    return gathered if index is None else gathered.index_select(0, torch.tensor(index, device=gathered.device))
 
 
-def split(batch: Microbatch, shard: RankShard) -> torch.Tensor:
-    """A rank's packed patches: a view of its real rows (so input gradients flow back), then placeholders."""
+def split(batch: Microbatch, shard: RankShard, order: tuple[int, ...] | None = None) -> torch.Tensor:
+    """A rank's packed patches: views of its real rows (so input gradients flow back), then placeholders.
+
+    ``order`` maps the shard's split positions to microbatch rows (None: the identity); each run of
+    consecutive rows is one slice, so an in-order shard is a single view.
+    """
     real_stop = shard.stop - shard.num_placeholders
-    start, stop = (int(batch.cu_seqlens[min(i, len(batch.cu_seqlens) - 1)]) for i in (shard.start, real_stop))
-    local = batch.patches[:, start:stop] if shard.num_real_rows else batch.patches[:, :0]
+    rows = range(shard.start, real_stop) if order is None else order[shard.start : real_stop]
+    cu = batch.cu_seqlens
+    parts = [batch.patches[:, int(cu[first]) : int(cu[last + 1])] for first, last in row_runs(rows)]
     if shard.num_placeholders:  # a P x P placeholder is one all-zero patch
-        zeros = batch.patches.new_zeros(1, shard.num_placeholders, batch.patches.shape[-1])
-        local = torch.cat([local, zeros], dim=1)
-    return local
+        parts.append(batch.patches.new_zeros(1, shard.num_placeholders, batch.patches.shape[-1]))
+    if not parts:
+        return batch.patches[:, :0]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
-def real_tokens(plan: Plan) -> list[int]:
-    """Output tokens of each rank's real (non-placeholder) units: what the gather keeps of each rank."""
-    counts = []
+def row_runs(rows) -> list[tuple[int, int]]:
+    """(first, last) of each run of consecutive row indices, in the order given."""
+    runs: list[tuple[int, int]] = []
+    for row in rows:
+        if runs and row == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], row)
+        else:
+            runs.append((row, row))
+    return runs
+
+
+def real_units(plan: Plan) -> list[tuple[int, int, int]]:
+    """(rank, first microbatch row, output tokens) of every real (non-placeholder) unit, in split order."""
+    units = []
     for shard in plan.shards:
-        tokens, row = 0, shard.start
+        row = shard.start
         for n in shard.num_frames:
             for k in range(0, n, plan.temporal_patch_size):
                 if row + k < plan.num_real_rows:
                     h, w = plan.rows[row + k]
-                    tokens += output_tokens((h // plan.patch_dim, w // plan.patch_dim))
+                    units.append((shard.rank, plan.order[row + k], output_tokens((h // plan.patch_dim, w // plan.patch_dim))))
             row += n
-        counts.append(tokens)
+    return units
+
+
+def real_tokens(plan: Plan) -> list[int]:
+    """Output tokens of each rank's real (non-placeholder) units: what the gather keeps of each rank."""
+    counts = [0] * plan.cp_size
+    for rank, _, tokens in real_units(plan):
+        counts[rank] += tokens
     return counts
+
+
+def image_order(plan: Plan) -> list[int] | None:
+    """Gathered token row of each output token in image order, or None where the gather is already in order."""
+    if not plan.reordered:
+        return None
+    spans, start = [], 0
+    for _, first_row, tokens in real_units(plan):
+        spans.append((first_row, start, start + tokens))
+        start += tokens
+    return [i for _, a, b in sorted(spans) for i in range(a, b)]

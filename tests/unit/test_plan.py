@@ -1,5 +1,6 @@
-"""Split plans: the count plan's rules on hand-checked examples, both plans' invariants on random microbatches,
-and the balanced plan's optimality against brute force over every contiguous partition."""
+"""Split plans: the count plan's rules on hand-checked examples, every plan's invariants on random microbatches,
+the balanced plan's optimality against brute force over every contiguous partition, and the packed plan's
+assignment (every unit once, tubelets whole, never worse than LPT or balanced)."""
 
 import itertools
 import math
@@ -110,7 +111,11 @@ def check_plan_invariants(plan, images, frames, T, cp):
     shards = plan.shards
     assert len(shards) == cp and [s.rank for s in shards] == list(range(cp))
     assert shards[0].start == 0 and all(a.stop == b.start for a, b in zip(shards, shards[1:]))
-    assert plan.num_real_rows == len(images) and plan.rows[: len(images)] == tuple(images)
+    assert plan.num_real_rows == len(images)
+    # Split order is a permutation of the microbatch's rows with the placeholders last, in place.
+    assert sorted(plan.order) == list(range(len(plan.rows)))
+    assert plan.order[len(images) :] == tuple(range(len(images), len(plan.rows)))
+    assert [plan.rows[pos] for pos in range(len(images))] == [images[row] for row in plan.order[: len(images)]]
     assert shards[-1].stop >= len(images), "real rows left on no rank"
     unit_starts = {first for first, _ in units_of(plan)}
     for s in shards:
@@ -181,6 +186,70 @@ def test_balanced_plan_is_optimal(case, cost):
     assert plan.lower_bound(cost) == max(max(costs), sum(costs) / cp) <= max(loads)
 
 
+@SEARCH
+@given(microbatches(), st.sampled_from(("patches", "attention")))
+def test_packed_plan_invariants(case, cost):
+    images, frames, T, cp = case
+    plan = make_plan(images, cp, patch_dim=P, num_frames=frames, temporal_patch_size=T, strategy="packed", cost=cost)
+    check_plan_invariants(plan, images, frames, T, cp)
+    num_units = sum(math.ceil(n / T) for n in frames)
+    assert plan.num_placeholders == plan.num_padded_ranks == max(0, cp - num_units)
+    if num_units < cp:  # the placeholder rule: one unit per rank, in order, the placeholders last
+        assert [len(units_in(plan, s)) for s in plan.shards] == [1] * cp and not plan.reordered
+    # Every unit of the microbatch sits whole on exactly one rank: a split-order media item is one unit's
+    # frames, consecutive in the microbatch, starting on a tubelet boundary of its video.
+    microbatch_units = {(first, n) for first, n in _units_of_media(frames, T)}
+    for first, n in _units_of_media(plan.media_frames[: len(plan.media_frames) - plan.num_placeholders], T):
+        rows = plan.order[first : first + n]  # a unit in split order
+        assert list(rows) == list(range(rows[0], rows[0] + n)), f"unit at split position {first} is not whole"
+        microbatch_units.remove((rows[0], n))  # raises if a unit appears twice or was never a unit
+    assert not microbatch_units, f"units on no rank: {microbatch_units}"
+    # Within a rank, units keep image order (only the ranks' shares are out of order).
+    for s in plan.shards:
+        real = plan.order[s.start : min(s.stop, plan.num_real_rows)]
+        assert list(real) == sorted(real)
+
+
+def _units_of_media(frames, T):
+    out, row = [], 0
+    for n in frames:
+        out += [(row + k, min(T, n - k)) for k in range(0, n, T)]
+        row += n
+    return out
+
+
+def lpt_bottleneck(costs, cp):
+    loads = [0] * cp
+    for c in sorted(costs, reverse=True):
+        loads[loads.index(min(loads))] += c
+    return max(loads)
+
+
+@SEARCH
+@given(microbatches(max_items=6), st.sampled_from(("patches", "attention")))
+def test_packed_is_never_worse_than_lpt_or_balanced(case, cost):
+    images, frames, T, cp = case
+    kwargs = dict(patch_dim=P, num_frames=frames, temporal_patch_size=T, cost=cost)
+    packed = make_plan(images, cp, strategy="packed", **kwargs)
+    balanced = make_plan(images, cp, strategy="balanced", **kwargs)
+    costs = [unit_cost(tokens, cost) for _, tokens in units_of(packed)]  # placeholders included
+    loads = packed.loads(cost)
+    assert loads == [sum(unit_cost(t, cost) for _, t in units_in(packed, s)) for s in packed.shards]
+    assert sorted(costs) == sorted(unit_cost(t, cost) for _, t in units_of(balanced))
+    assert max(loads) <= min(lpt_bottleneck(costs, cp), max(balanced.loads(cost)))
+    assert packed.lower_bound(cost) == balanced.lower_bound(cost) <= max(loads)
+
+
+def test_packed_reaches_the_bound_where_contiguous_cannot():
+    images = ((12, 12), (12, 12), (4, 4), (4, 4))  # 9, 9, 1, 1 patches on 2 ranks: the bound is 20 / 2 = 10
+    balanced = make_plan(images, 2, patch_dim=P, strategy="balanced")
+    packed = make_plan(images, 2, patch_dim=P, strategy="packed")
+    assert balanced.loads() == [9, 11]  # the best cut keeps the two 9s apart but both 1s together
+    assert packed.loads() == [10, 10] and packed.lower_bound() == 10
+    assert packed.order == (0, 2, 1, 3) and packed.reordered
+    assert [(s.start, s.stop, s.imgs_sizes) for s in packed.shards] == [(0, 2, images[0::2]), (2, 4, images[1::2])]
+
+
 def test_balanced_beats_count_on_a_skewed_batch():
     images = [(32, 32)] + [(4, 4)] * 7  # 64 patches, then seven 1-patch images
     count = make_plan(images, 2, patch_dim=P)
@@ -202,7 +271,7 @@ def test_loads_count_tubelets_once_and_placeholders():
     ({"cp_size": -2}, "cp_size must be a positive integer, got -2"),
     ({"cp_size": 1.5}, "cp_size must be a positive integer, got 1.5"),
     ({"cp_size": "2"}, "cp_size must be a positive integer, got '2'"),
-    ({"strategy": "greedy"}, "strategy must be one of ('count', 'balanced'), got 'greedy'"),
+    ({"strategy": "greedy"}, "strategy must be one of ('count', 'balanced', 'packed'), got 'greedy'"),
     ({"cost": "flops"}, "cost must be one of ('patches', 'attention'), got 'flops'"),
     ({"temporal_patch_size": 2}, "num_frames is required when temporal_patch_size=2 > 1"),
     ({"num_frames": [1, 1]}, "num_frames [1, 1] sums to 2, expected 3 rows"),

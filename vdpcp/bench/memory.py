@@ -151,7 +151,7 @@ class Bench:
                 plan = plan_split(spec, cp, "count" if split == "unsharded" else split, self.alpha)
                 loads = {cost: plan.loads(cost, self.alpha) for cost in ("patches", "attention")}
                 for shard in plan.shards:
-                    measure = self._measure(model, split_patches(batch, shard), shard)
+                    measure = self._measure(model, split_patches(batch, shard, plan.order), shard)
                     result.rows.append(
                         Measure(split, seed, cp, shard.rank, shard.num_real_rows, loads["patches"][shard.rank],
                                 loads["attention"][shard.rank], **measure)
@@ -226,10 +226,10 @@ class SavedBytes:
         return t
 
 
-def split_patches(batch, shard):
+def split_patches(batch, shard, order=None):
     from vdpcp.sharded import split  # the suite's own split: the benchmark encodes what ranks encode
 
-    return split(batch, shard)
+    return split(batch, shard, order)
 
 
 # --- results --------------------------------------------------------------------------------------

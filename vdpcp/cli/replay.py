@@ -13,7 +13,7 @@ from pathlib import Path
 from vdpcp.cli import UsageError
 
 IMPLS = ("reference", "mcore")  # as vdpcp.case.IMPLS, repeated so `vdpcp --help` need not import torch
-SPLITS = ("count", "balanced")
+SPLITS = ("count", "balanced", "packed")  # vdpcp.plan.STRATEGIES, kept literal: no torch import
 DTYPES = ("float64", "float32", "bfloat16")
 BACKENDS = ("auto", "nccl", "gloo")
 
@@ -77,7 +77,7 @@ def plan_lines(case) -> list[str]:
     """Which rank encodes which media, frames and placeholders; what the gather drops."""
     from dataclasses import replace
 
-    from vdpcp.sharded import plan_for
+    from vdpcp.sharded import plan_for, row_runs
 
     spec = case.spec
     if not case.config.shard_vision:
@@ -90,8 +90,8 @@ def plan_lines(case) -> list[str]:
         f"{plan.num_placeholders} placeholders; the gather drops the last {plan.num_padded_ranks} rank(s)"
     ]
     for shard in plan.shards:
-        real = range(shard.start, min(shard.stop, plan.num_real_rows))
-        parts = [_rows_text(spec, owner, real)] if len(real) else []
+        real = plan.order[shard.start : min(shard.stop, plan.num_real_rows)]  # out of image order when packed
+        parts = [_rows_text(spec, owner, range(first, last + 1)) for first, last in row_runs(real)]
         if shard.num_placeholders:
             parts.append(f"{shard.num_placeholders} placeholder(s) {spec.patch_dim}x{spec.patch_dim}")
         lines.append(f"  rank {shard.rank}: {', '.join(parts) or 'nothing'} ({shard.num_patches} patches)")
