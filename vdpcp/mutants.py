@@ -168,7 +168,7 @@ def _tubelet_split_mid_tubelet():
 def _cu_seqlens_not_rewritten():
     from vdpcp import sharded
 
-    def split(batch, shard):
+    def split(batch, shard, order=None):
         stop = int(batch.cu_seqlens[shard.num_real_rows])  # local row count, global offsets: starts at image 0
         local = batch.patches[:, :stop]
         if shard.num_placeholders:
@@ -277,6 +277,16 @@ def _grad_averaged():
         return Averaged.apply(local, list(counts), group)
 
     return {"vdpcp.sharded:gather_features": gather}
+
+
+@mutant(
+    "gather-order-not-restored",
+    "under the packed split, whose ranks hold images out of order, the gathered features are not put back in "
+    "image order, so each image's tokens reach another image's place in the sequence",
+    kills=("eleven-images-cp2-reference-packed", "multi-image-cp4-reference-packed"),
+)
+def _gather_order_not_restored():
+    return {"vdpcp.sharded:image_order": lambda plan: None}
 
 
 @mutant(

@@ -1,8 +1,9 @@
 """The correctness matrix as data: named microbatches, what each one runs, and what is expected of it.
 
 A scenario is a microbatch spec and the CP sizes it runs at; every scenario runs with the reference
-(count and balanced splits) and with MCore's helpers (count split only: MCore has no other). A
-representative subset, at least one per family, also runs the zigzag loss. Every ``*.json`` under
+(count, balanced and packed splits, the latter two only where their plan differs from an earlier split's)
+and with MCore's helpers (count split only: MCore has no other). A representative subset, at least one per
+family, also runs the zigzag loss. Every ``*.json`` under
 fixtures/ (recursively) is a scenario too: the named ones below get their row of this table, any other
 (a saved regression, say) gets the default row.
 
@@ -245,7 +246,7 @@ def cases_of(scenario: Scenario, cps=CP_SIZES, impls=IMPLS, splits=STRATEGIES, l
             for impl in (i for i in IMPLS if i in impls):
                 for split in (s for s in STRATEGIES if s in splits and (impl == "reference" or s == "count")):
                     case = Case(scenario.spec, cp, impl, split, loss)
-                    if split == "balanced" and (loss != "rank" or _same_plan_as_count(case)):
+                    if split != "count" and (loss != "rank" or _same_plan_as_an_earlier_split(case)):
                         continue  # the zigzag subset runs the count split; an identical plan is an identical run
                     out.append(case)
                     if impl == "mcore" and loss == "rank" and cp > 1 and len(set(rank_tokens(case))) > 1:
@@ -255,10 +256,17 @@ def cases_of(scenario: Scenario, cps=CP_SIZES, impls=IMPLS, splits=STRATEGIES, l
     return out
 
 
-def _same_plan_as_count(case: Case) -> bool:
+def _same_plan_as_an_earlier_split(case: Case) -> bool:
+    """True when a split listed before the case's in STRATEGIES plans the same shards in the same order."""
     if not case.config.shard_vision:
         return True
-    return plan_for(case.spec, case.config).shards == plan_for(case.spec, case.with_(split="count").config).shards
+    plan = plan_for(case.spec, case.config)
+    earlier = STRATEGIES[: STRATEGIES.index(case.split)]
+    return any(_same_plan(plan, plan_for(case.spec, case.with_(split=s).config)) for s in earlier)
+
+
+def _same_plan(a, b) -> bool:
+    return a.shards == b.shards and a.order == b.order
 
 
 def matrix(cps=CP_SIZES, impls=IMPLS, splits=STRATEGIES, losses=LOSSES, table: list[Scenario] | None = None,

@@ -17,7 +17,7 @@ from vdpcp.cli import UsageError
 
 IMPLS = ("reference", "mcore")  # as vdpcp.case.IMPLS, repeated so `vdpcp --help` need not import torch
 DTYPES = ("float64", "float32", "bfloat16")  # as vdpcp.case.DTYPES
-SPLITS = ("count", "balanced")
+SPLITS = ("count", "balanced", "packed")  # vdpcp.plan.STRATEGIES, kept literal: no torch import
 LOSSES = ("rank", "zigzag")
 BACKENDS = ("auto", "nccl", "gloo")
 
@@ -26,7 +26,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("check", help=__doc__.splitlines()[0].split(": ", 1)[1], description=__doc__)
     parser.add_argument("--cp", type=int, nargs="+", metavar="N", help="CP sizes to run (default: 1 2 4 8)")
     parser.add_argument("--impl", nargs="+", choices=IMPLS, help="implementations (default: both)")
-    parser.add_argument("--split", nargs="+", choices=SPLITS, help="split strategies (default: both; balanced is reference only)")
+    parser.add_argument("--split", nargs="+", choices=SPLITS, help="split strategies (default: all; balanced, packed: reference only)")
     parser.add_argument("--loss", nargs="+", choices=LOSSES, help="loss modes (default: both; zigzag on its subset)")
     parser.add_argument("--spec", type=Path, action="append", metavar="FILE|DIR",
                         help="run these spec files (or every *.json under a folder) instead of the matrix's scenarios")
