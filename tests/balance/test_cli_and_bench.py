@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from vdpcp.balance import SPLIT_NAMES
 from vdpcp.cli import main
 from vdpcp.datasets import generate
 
@@ -58,7 +59,7 @@ def test_bench_memory_on_cpu_says_so_and_measures_every_shard(tmp_path, capsys):
     assert main(argv + ["--out", str(tmp_path)]) == 0
     assert "CPU (small size: not the GPU's figures)" in capsys.readouterr().out
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
-    assert len(rows) == 1 + 3 * (2 + 3)  # unsharded, then every rank of 3 splits at CP 2 and 3
+    assert len(rows) == 1 + len(SPLIT_NAMES) * (2 + 3)  # unsharded, then every rank of every split at CP 2 and 3
     # Activations divide over ranks: with no placeholders the shards' saved tensors add up to the unsharded ones.
     unsharded = next(r["saved_bytes"] for r in rows if r["split"] == "unsharded")
     for cp in (2, 3):

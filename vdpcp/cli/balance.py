@@ -1,4 +1,4 @@
-"""`vdpcp balance`: per-rank load of the count and balanced splits, against the ideal and the lower bound.
+"""`vdpcp balance`: per-rank load of the count, balanced and packed splits, against the ideal and the lower bound.
 
 Input is one spec file, a folder of spec files (*.json), or a built-in generator (--dataset; --seeds N
 sweeps N microbatches). One microbatch prints every rank's load; several print the busiest rank's ratios
@@ -13,7 +13,7 @@ from vdpcp.cli import UsageError
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("balance", help="per-rank load of the count vs balanced split", description=__doc__)
+    parser = subparsers.add_parser("balance", help="per-rank load of the count, balanced and packed splits", description=__doc__)
     parser.add_argument("source", nargs="?", help="a spec file or a folder of spec files")
     parser.add_argument("--dataset", help="a built-in generator instead: doc-qa, multi-image or video")
     parser.add_argument("--seed", type=int, default=0, help="first seed of --dataset (default 0)")
