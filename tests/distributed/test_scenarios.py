@@ -34,10 +34,11 @@ def test_every_family_runs_every_cp_size_both_impls_and_zigzag_at_every_cp_size(
     assert {c.cp for c in cases if c.loss == "zigzag"} == {1, 2, 4, 8}
 
 
-def test_balanced_runs_for_the_reference_only_and_where_it_differs_from_count():
-    balanced = _cases(split="balanced")
-    assert balanced and all(c.impl == "reference" for c in balanced)
-    assert all(not scenarios._same_plan_as_count(c) for c in balanced)
+@pytest.mark.parametrize("split", ["balanced", "packed"])
+def test_other_splits_run_for_the_reference_only_and_where_they_differ_from_earlier_ones(split):
+    cases = _cases(split=split)
+    assert cases and all(c.impl == "reference" for c in cases)
+    assert all(not scenarios._same_plan_as_an_earlier_split(c) for c in cases)
 
 
 def test_the_issue_scenarios_are_there():
