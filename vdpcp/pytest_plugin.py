@@ -74,7 +74,7 @@ _REPLAYS = pytest.StashKey[list]()
 
 @pytest.hookimpl(specname="pytest_addoption")
 def pytest_addoption_replay(parser):
-    from vdpcp.cli.replay import DTYPES, IMPLS, SPLITS
+    from vdpcp.cli import DTYPES, IMPLS, SPLITS
 
     group = parser.getgroup("vdpcp-replay", "vdpcp replay of saved microbatch specs")
     group.addoption("--replay", action="append", default=[], metavar="SPEC.json",

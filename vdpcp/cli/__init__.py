@@ -10,9 +10,23 @@ import importlib
 import pkgutil
 import sys
 
+# Choices the subcommands share, kept literal so `vdpcp --help` need not import torch; tests/unit/test_cli.py
+# holds them equal to vdpcp.case.IMPLS / DTYPES / LOSSES and vdpcp.plan.STRATEGIES.
+IMPLS = ("reference", "mcore")
+SPLITS = ("count", "balanced", "packed")
+DTYPES = ("float64", "float32", "bfloat16")
+LOSSES = ("rank", "zigzag")
+BACKENDS = ("auto", "nccl", "gloo")
+
 
 class UsageError(Exception):
     """Bad input on the command line or in a spec file: exit code 2, one clear message."""
+
+
+def add_run_options(parser) -> None:
+    """Where the ranks run: --backend and --timeout, as every case-running subcommand takes them."""
+    parser.add_argument("--backend", choices=BACKENDS, default=None, help="process-group backend (default: $VDPCP_BACKEND or auto)")
+    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="seconds before a case counts as hung")
 
 
 def build_parser() -> argparse.ArgumentParser:

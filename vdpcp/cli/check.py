@@ -13,13 +13,7 @@ import io
 import time
 from pathlib import Path
 
-from vdpcp.cli import UsageError
-
-IMPLS = ("reference", "mcore")  # as vdpcp.case.IMPLS, repeated so `vdpcp --help` need not import torch
-DTYPES = ("float64", "float32", "bfloat16")  # as vdpcp.case.DTYPES
-SPLITS = ("count", "balanced", "packed")  # vdpcp.plan.STRATEGIES, kept literal: no torch import
-LOSSES = ("rank", "zigzag")
-BACKENDS = ("auto", "nccl", "gloo")
+from vdpcp.cli import DTYPES, IMPLS, LOSSES, SPLITS, UsageError, add_run_options
 
 
 def register(subparsers) -> None:
@@ -34,8 +28,7 @@ def register(subparsers) -> None:
     parser.add_argument("--dtype", choices=DTYPES, default="float64",
                         help="dtype of every case (default float64; bf16 gradients compare as vectors, see vdpcp.case)")
     parser.add_argument("--mutant", metavar="NAME", help="apply a named mutant (vdpcp.mutants) to every case: see what kills it")
-    parser.add_argument("--backend", choices=BACKENDS, default=None, help="process-group backend (default: $VDPCP_BACKEND or auto)")
-    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="seconds before a case counts as hung")
+    add_run_options(parser)
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every case's result as JSON")
     parser.add_argument("--junit-xml", type=Path, metavar="PATH", help="write JUnit XML (one testcase per case)")
     parser.add_argument("--list", action="store_true", help="list the selected case ids and exit")

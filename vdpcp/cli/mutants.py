@@ -13,9 +13,7 @@ import io
 import time
 from pathlib import Path
 
-from vdpcp.cli import UsageError
-
-BACKENDS = ("auto", "nccl", "gloo")
+from vdpcp.cli import UsageError, add_run_options
 
 
 def register(subparsers) -> None:
@@ -23,8 +21,7 @@ def register(subparsers) -> None:
     parser.add_argument("names", nargs="*", metavar="MUTANT", help="mutants to run (default: all)")
     parser.add_argument("--full", action="store_true",
                         help="search the whole matrix for every mutant, not its kill set first")
-    parser.add_argument("--backend", choices=BACKENDS, default=None, help="process-group backend (default: $VDPCP_BACKEND or auto)")
-    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="seconds before a case counts as hung")
+    add_run_options(parser)
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every mutant's result as JSON")
     parser.add_argument("--junit-xml", type=Path, metavar="PATH", help="write JUnit XML (one testcase per mutant)")
     parser.add_argument("--list", action="store_true", help="list the mutants with their bugs and kill sets, and exit")

@@ -10,12 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vdpcp.cli import UsageError
-
-IMPLS = ("reference", "mcore")  # as vdpcp.case.IMPLS, repeated so `vdpcp --help` need not import torch
-SPLITS = ("count", "balanced", "packed")  # vdpcp.plan.STRATEGIES, kept literal: no torch import
-DTYPES = ("float64", "float32", "bfloat16")
-BACKENDS = ("auto", "nccl", "gloo")
+from vdpcp.cli import DTYPES, IMPLS, SPLITS, UsageError, add_run_options
 
 
 def register(subparsers) -> None:
@@ -34,8 +29,7 @@ def add_case_arguments(parser) -> None:
     parser.add_argument("--no-even-pad", dest="even_pad", action="store_false",
                         help="switch off even-grid padding: the pixel shuffle then rejects odd (placeholder) grids")
     parser.add_argument("--mutant", default=None, metavar="NAME", help="apply a named mutant of the sharded path (see vdpcp.mutants)")
-    parser.add_argument("--backend", choices=BACKENDS, default=None, help="process-group backend (default: $VDPCP_BACKEND or auto)")
-    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="seconds before a case counts as hung")
+    add_run_options(parser)
 
 
 def check_mutant(name: str | None) -> None:
