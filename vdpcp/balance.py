@@ -159,44 +159,46 @@ def _sweep_row(name, cp, cost, to_ideal, to_lb) -> SweepRow:
 
 def rank_table(balances: Sequence[SplitBalance]) -> str:
     """Markdown: one row per (split, rank), loads in both costs as ratios to the ideal."""
-    lines = [
-        "| CP | split | rank | images | placeholders | patches | patches / ideal | p(p+a) / ideal |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    header = ("CP", "split", "rank", "images", "placeholders", "patches", "patches / ideal", "p(p+a) / ideal")
+    rows = [
+        (b.cp, b.split, r.rank, r.images, r.placeholders, r.load["patches"],
+         f"{r.load['patches'] / b.ideal['patches']:.3f}", f"{r.load['attention'] / b.ideal['attention']:.3f}")
+        for b in balances for r in b.ranks
     ]
-    for b in balances:
-        for r in b.ranks:
-            lines.append(
-                f"| {b.cp} | {b.split} | {r.rank} | {r.images} | {r.placeholders} | {r.load['patches']} "
-                f"| {r.load['patches'] / b.ideal['patches']:.3f} | {r.load['attention'] / b.ideal['attention']:.3f} |"
-            )
-    return "\n".join(lines)
+    return _markdown(header, "rlrrrrrr", rows)
 
 
 def summary_table(balances: Sequence[SplitBalance]) -> str:
     """Markdown: busiest rank of each split against the ideal and the lower bound, in both costs."""
-    lines = [
-        "| CP | split | busiest patches | / ideal | / lower bound | busiest p(p+a) / ideal | / lower bound |",
-        "|---:|---|---:|---:|---:|---:|---:|",
+    header = ("CP", "split", "busiest patches", "/ ideal", "/ lower bound", "busiest p(p+a) / ideal", "/ lower bound")
+    rows = [
+        (b.cp, b.split, b.busiest("patches"), f"{b.to_ideal('patches'):.3f}", f"{b.to_lower_bound('patches'):.3f}",
+         f"{b.to_ideal('attention'):.3f}", f"{b.to_lower_bound('attention'):.3f}")
+        for b in balances
     ]
-    for b in balances:
-        lines.append(
-            f"| {b.cp} | {b.split} | {b.busiest('patches')} | {b.to_ideal('patches'):.3f} | {b.to_lower_bound('patches'):.3f} "
-            f"| {b.to_ideal('attention'):.3f} | {b.to_lower_bound('attention'):.3f} |"
-        )
-    return "\n".join(lines)
+    return _markdown(header, "rlrrrrr", rows)
 
 
 def sweep_table(rows: Sequence[SweepRow]) -> str:
-    lines = [
-        f"| CP | cost | split | mean busiest / ideal | mean / lower bound | max / lower bound | within {TARGET_TO_LOWER_BOUND - 1:.0%} of bound |",  # noqa: E501 (a markdown table row)
-        "|---:|---|---|---:|---:|---:|---:|",
+    header = ("CP", "cost", "split", "mean busiest / ideal", "mean / lower bound", "max / lower bound",
+              f"within {TARGET_TO_LOWER_BOUND - 1:.0%} of bound")
+    cells = [
+        (r.cp, r.cost, r.split, f"{r.mean_to_ideal:.3f}", f"{r.mean_to_lower_bound:.3f}", f"{r.max_to_lower_bound:.3f}",
+         f"{r.within_target}/{r.microbatches}")
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {r.cp} | {r.cost} | {r.split} | {r.mean_to_ideal:.3f} | {r.mean_to_lower_bound:.3f} "
-            f"| {r.max_to_lower_bound:.3f} | {r.within_target}/{r.microbatches} |"
-        )
+    return _markdown(header, "rllrrrr", cells)
+
+
+def _markdown(header: Sequence[str], align: str, rows) -> str:
+    """A markdown table; ``align`` has one letter per column: r (right) or l (left)."""
+    rule = "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"
+    lines = [_row(header), rule] + [_row(row) for row in rows]
     return "\n".join(lines)
+
+
+def _row(cells) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
 def plot_ranks(balances: Sequence[SplitBalance], path: str | Path, title: str = "") -> Path:

@@ -151,10 +151,15 @@ def test_balanced_plan_invariants(case, cost):
     images, frames, T, cp = case
     plan = make_plan(images, cp, patch_dim=P, num_frames=frames, temporal_patch_size=T, strategy="balanced", cost=cost)
     check_plan_invariants(plan, images, frames, T, cp)
+    check_placeholder_rule(plan, frames, T, cp)
+
+
+def check_placeholder_rule(plan, frames, T, cp):
+    """Fewer units than ranks: one unit per rank, in order, the placeholders last on ranks of their own."""
     num_units = sum(math.ceil(n / T) for n in frames)
     assert plan.num_placeholders == plan.num_padded_ranks == max(0, cp - num_units)
-    if num_units < cp:  # one unit per rank, the placeholders last
-        assert [len(units_in(plan, s)) for s in plan.shards] == [1] * cp
+    if num_units < cp:
+        assert [len(units_in(plan, s)) for s in plan.shards] == [1] * cp and not plan.reordered
 
 
 def units_in(plan, shard):
@@ -192,10 +197,7 @@ def test_packed_plan_invariants(case, cost):
     images, frames, T, cp = case
     plan = make_plan(images, cp, patch_dim=P, num_frames=frames, temporal_patch_size=T, strategy="packed", cost=cost)
     check_plan_invariants(plan, images, frames, T, cp)
-    num_units = sum(math.ceil(n / T) for n in frames)
-    assert plan.num_placeholders == plan.num_padded_ranks == max(0, cp - num_units)
-    if num_units < cp:  # the placeholder rule: one unit per rank, in order, the placeholders last
-        assert [len(units_in(plan, s)) for s in plan.shards] == [1] * cp and not plan.reordered
+    check_placeholder_rule(plan, frames, T, cp)
     # Every unit of the microbatch sits whole on exactly one rank: a split-order media item is one unit's
     # frames, consecutive in the microbatch, starting on a tubelet boundary of its video.
     microbatch_units = {(first, n) for first, n in _units_of_media(frames, T)}
