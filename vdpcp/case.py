@@ -107,6 +107,8 @@ class RankResult:
     input_grad_err: float = 0.0
     param_grad_err: float = 0.0
     failures: list[str] = field(default_factory=list)
+    backend: str = ""  # what this rank really ran on (the harness's RankContext), not what was asked for
+    device: str = ""
     # The unsharded encoder itself raised (e.g. an odd real grid with even padding off): the spec cannot be
     # encoded at all, so the case says nothing about sharding and is neither a pass nor a sharding failure.
     unsharded_error: str | None = None
@@ -128,6 +130,7 @@ def _check(ctx, case: Case) -> RankResult:
     dtype, device = DTYPES[case.dtype], ctx.device
     config = case.config
     result = _assignment(case, ctx.rank)
+    result.backend, result.device = ctx.backend, str(ctx.device)
 
     # The unsharded reference runs first: if it raises too, every rank raises it alike before any
     # collective (no rank hangs) and the case is reported as unsharded_error, not as a sharding failure.

@@ -17,7 +17,7 @@ Forcing ``--backend nccl`` where there is no GPU per rank skips the case instead
 import pytest
 
 from vdpcp import harness
-from vdpcp.harness.config import BACKENDS
+from vdpcp.harness.config import BACKENDS, configured
 
 
 def pytest_addoption(parser):
@@ -31,9 +31,22 @@ def pytest_addoption(parser):
                   help="modules imported once in the rank zygote, so every rank starts with them")
 
 
+_SESSION_SETTINGS = pytest.StashKey[object]()
+
+
 def pytest_configure(config):
-    harness.configure(backend=config.getoption("backend"), timeout=config.getoption("vdpcp_timeout"),
-                      preload=config.getini("vdpcp_preload") or None)
+    # The session's settings hold until pytest_unconfigure, which puts back what was there before (an
+    # in-process pytest run, as pytester makes, must not leave its --backend to its caller).
+    settings = configured(backend=config.getoption("backend"), timeout=config.getoption("vdpcp_timeout"),
+                          preload=config.getini("vdpcp_preload") or None)
+    settings.__enter__()
+    config.stash[_SESSION_SETTINGS] = settings
+
+
+def pytest_unconfigure(config):
+    settings = config.stash.get(_SESSION_SETTINGS, None)
+    if settings is not None:
+        settings.__exit__(None, None, None)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker

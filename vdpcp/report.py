@@ -60,14 +60,14 @@ def console() -> Console:
 
 def check_table(rows: list[CheckRow], backend: str) -> Table:
     table = Table(title=f"vdpcp check ({backend})", show_lines=False)
-    for name in ("family", "case", "CP", "impl", "split", "images/rank", "patches/rank", "out err", "in-grad err",
-                 "param err", "verdict"):
+    for name in ("family", "case", "CP", "impl", "split", "ran on", "images/rank", "patches/rank", "out err",
+                 "in-grad err", "param err", "verdict"):
         table.add_column(name, justify="right" if name == "CP" or name.endswith("err") else "left", no_wrap=True)
     table.add_column("why", overflow="fold", max_width=60)
     for row in rows:
         case, result = row.case, row.result
         why = "" if row.verdict == "pass" and not row.why.startswith("the documented") else row.why
-        table.add_row(row.family, _case_label(case), str(case.cp), case.impl, case.split, *_per_rank(result),
+        table.add_row(row.family, _case_label(case), str(case.cp), case.impl, case.split, _ran_on(result), *_per_rank(result),
                       *(_err(result, attr) for attr, _ in ERRORS), f"[{STYLES.get(row.verdict, '')}]{row.verdict}[/]",
                       _short(why or ("" if row.verdict == "pass" else _first_failure(result)), 60))
     return table
@@ -94,11 +94,13 @@ def check_record(row: CheckRow) -> dict:
         "grads": case.grads,
         "vision_dp_over_cp": case.vision_dp_over_cp,
         "config_cp": case.config_cp,
+        "backend": result.backend,
+        "device": result.device,
         "verdict": row.verdict,
         "why": row.why,
         "seconds": round(row.seconds, 3),
         "ranks": [
-            {"rank": r.rank, "images": r.images, "placeholders": r.placeholders, "patches": r.patches,
+            {"rank": r.rank, "backend": r.backend, "device": r.device, "images": r.images, "placeholders": r.placeholders, "patches": r.patches,
              **{attr: _finite(getattr(r, attr)) for attr, _ in ERRORS}, "failures": r.failures}
             for r in result.ranks
         ],
@@ -108,8 +110,10 @@ def check_record(row: CheckRow) -> dict:
 
 
 def check_junit(row: CheckRow) -> dict:
-    return _junit_case(row.case.id, f"vdpcp.check.{row.family}", row.seconds, row.verdict,
-                       row.why or _first_failure(row.result), row.result.summary())
+    junit = _junit_case(row.case.id, f"vdpcp.check.{row.family}", row.seconds, row.verdict,
+                        row.why or _first_failure(row.result), row.result.summary())
+    junit["properties"] = {"backend": row.result.backend, "device": row.result.device}
+    return junit
 
 
 # --- mutants -------------------------------------------------------------------------------------------
@@ -155,6 +159,10 @@ def write_junit(path: Path, suite: str, cases: list[dict]) -> None:
                       time=f"{sum(c['seconds'] for c in cases):.3f}")
     for c in cases:
         element = ET.SubElement(root, "testcase", classname=c["classname"], name=c["name"], time=f"{c['seconds']:.3f}")
+        if c.get("properties"):
+            properties = ET.SubElement(element, "properties")
+            for key, value in c["properties"].items():
+                ET.SubElement(properties, "property", name=key, value=str(value))
         if c["outcome"] != "passed":
             child = ET.SubElement(element, c["outcome"], message=c["message"])
             child.text = c["detail"]
@@ -187,6 +195,12 @@ def _case_label(case) -> str:
     if case.config_cp is not None:
         parts.append(f"config CP={case.config_cp}")
     return " ".join(parts)
+
+
+def _ran_on(result) -> str:
+    """The backend and device the ranks reported (the resolved backend where they could not report)."""
+    devices = sorted({r.device.split(":")[0] for r in result.ranks})
+    return f"{result.backend}/{','.join(devices)}" if devices else (result.backend or "-")
 
 
 def _per_rank(result) -> tuple[str, str]:

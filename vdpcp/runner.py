@@ -14,6 +14,7 @@ from vdpcp import harness
 from vdpcp.case import Case, RankResult, check_case
 from vdpcp.harness import RankFailure, run_ranks
 from vdpcp.harness import config as harness_config
+from vdpcp.harness.config import resolve_backend
 
 # What every case body imports. A rank worker forked after a faulted case would otherwise import
 # megatron.core again (about 4 s a rank here); preloaded into the rank zygote, it starts in milliseconds.
@@ -31,6 +32,11 @@ class CaseResult:
     case: Case
     ranks: list[RankResult] = field(default_factory=list)
     error: str | None = None  # a rank raised, died or hung
+    backend: str = ""  # the backend the case was run on ("gloo" or "nccl"), as resolved before it ran
+
+    @property
+    def device(self) -> str:
+        return ",".join(sorted({r.device for r in self.ranks})) or "-"
 
     @property
     def verdict(self) -> str:
@@ -56,7 +62,7 @@ class CaseResult:
 
     def summary(self) -> str:
         """One paragraph: the case, what each rank encoded, and what failed."""
-        lines = [f"{self.case.id}: {self.verdict}"]
+        lines = [f"{self.case.id}: {self.verdict} (on {self.backend or '?'}, {self.device})"]
         for r in self.ranks:
             lines.append(f"  rank {r.rank}: {r.images} images, {r.placeholders} placeholders, {r.patches} patches")
         lines += [f"  {msg}" for msg in self.failures]
@@ -71,11 +77,15 @@ def run_case(case: Case, backend: str | None = None, timeout: float | None = Non
     A case expected to fail with one rank raising and the rest stuck in a collective (a known upstream
     limit) sets it short: the raising rank's error is all it needs, and the wait would be idle time.
     """
+    chosen = resolve_backend(backend, case.cp)  # once: the expectation and the run use the same backend
     try:
-        ranks = run_ranks(check_case, case.cp, case, backend=backend, timeout=timeout, fault_grace=fault_grace)
+        ranks = run_ranks(check_case, case.cp, case, backend=chosen, timeout=timeout, fault_grace=fault_grace)
     except RankFailure as failure:
-        return CaseResult(case, error=str(failure))
-    return CaseResult(case, ranks=ranks)
+        return CaseResult(case, error=str(failure), backend=chosen)
+    strays = [f"rank {r.rank} ran on {r.backend}" for r in ranks if r.backend != chosen]
+    if strays:  # a case asked for NCCL that ran on gloo tests something else than it says: never a pass
+        return CaseResult(case, error=f"asked to run on {chosen}, but {', '.join(strays)}", backend=chosen)
+    return CaseResult(case, ranks=ranks, backend=chosen)
 
 
 def preload_case_modules() -> None:

@@ -38,7 +38,10 @@ def run(case: Case) -> CaseResult:
 
 def assert_case(result: CaseResult) -> None:
     """Pass, or fail with the case's summary; a known limit that failed the known way raises KnownUpstreamLimit."""
-    verdict, why = scenarios.judge(result, backend_for(result.case))
+    expected = backend_for(result.case)
+    assert result.backend == expected, (
+        f"the case was marked for {expected} at collection but ran on {result.backend}: a setting leaked between tests")
+    verdict, why = scenarios.judge(result, result.backend)
     if verdict == "xfail":
         raise KnownUpstreamLimit(f"{why}\n{result.summary()}")
     assert verdict == "pass", f"{why}\n{result.summary()}".strip()

@@ -39,6 +39,27 @@ def test_an_expected_xfail_passes_the_check_and_is_a_skipped_junit_case(tmp_path
     assert len(skipped) == 2 and "gloo-gather-backward" in skipped[0].get("message")
 
 
+def test_an_in_process_check_leaves_the_session_backend_as_it_was(tmp_path, capsys):
+    from vdpcp.harness.config import default_backend
+
+    before = default_backend()
+    other = "nccl" if before == "gloo" else "gloo"
+    main(["check", "--cp", "1", "-k", "one-image-cp1-reference-count", "--backend", other,
+          "--json", str(tmp_path / "r.json")])
+    capsys.readouterr()
+    assert default_backend() == before, f"vdpcp check --backend {other} left the harness on {default_backend()}"
+
+
+def test_check_records_the_backend_and_device_each_case_ran_on(tmp_path, capsys):
+    assert main(["check", "--cp", "2", "-k", "eight-equal-cp2-reference-count", "--backend", "gloo",
+                 "--json", str(tmp_path / "r.json"), "--junit-xml", str(tmp_path / "r.xml")]) == 0
+    assert "gloo/" in capsys.readouterr().out  # the "ran on" column
+    record = json.loads((tmp_path / "r.json").read_text())["results"][0]
+    assert record["backend"] == "gloo" and all(r["backend"] == "gloo" and r["device"] for r in record["ranks"])
+    properties = ET.parse(tmp_path / "r.xml").getroot().findall("testcase/properties/property")
+    assert {p.get("name"): p.get("value") for p in properties}["backend"] == "gloo"
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--spec", "{tmp}/missing.json"], "missing.json: cannot read spec file"),
     (["--spec", "{tmp}/bad.json"], "bad.json: field 'images'[0] = [3, 4]: sizes must be multiples of patch_dim=4"),

@@ -38,9 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from vdpcp.harness.config import configured
+
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with configured():  # whatever a subcommand configures (backend, preload) ends with it
+            return int(args.func(args) or 0)
     except UsageError as err:
         print(f"vdpcp {args.command}: {err}", file=sys.stderr)
         return 2

@@ -103,13 +103,13 @@ def main(args) -> int:
             with contextlib.redirect_stdout(printed):  # the ranks' own output: kept for cases that do not pass
                 result = run_case(case, timeout=args.timeout,
                                   fault_grace=scenarios.KNOWN_LIMIT_GRACE_S if limit else None)
-            verdict, why = scenarios.judge(result, backend)
+            verdict, why = scenarios.judge(result, result.backend)
             rows.append(report.CheckRow(scenarios.family_of(case, table), verdict, why, result, time.monotonic() - started,
                                         printed.getvalue() if verdict not in scenarios.PASSING else ""))
             progress.advance(task)
 
     out = report.console()
-    label = "/".join(sorted(set(backends.values())))
+    label = "/".join(sorted({row.result.backend for row in rows}))
     out.print(report.check_table(rows, label))
     out.print(report.check_summary(rows))
     if args.json:

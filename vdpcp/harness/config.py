@@ -8,6 +8,7 @@ Strongest first: the argument to run_ranks; configure() (the pytest plugin calls
 
 import functools
 import os
+from contextlib import contextmanager
 
 from vdpcp.harness.errors import BackendUnavailable
 
@@ -30,6 +31,19 @@ def configure(*, backend: str | None = None, timeout: float | None = None, prelo
         _configured["timeout"] = _checked_timeout(timeout, "configure(timeout=...)")
     if preload is not None:
         _configured["preload"] = tuple(preload)
+
+
+@contextmanager
+def configured(**settings):
+    """configure(**settings) for the duration of a block, then every setting back as it was: an in-process
+    CLI call (``vdpcp check --backend gloo``) or a pytest session must not leave its choices to the next."""
+    saved = dict(_configured)
+    try:
+        configure(**settings)
+        yield
+    finally:
+        _configured.clear()
+        _configured.update(saved)
 
 
 def default_backend() -> str:
