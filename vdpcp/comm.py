@@ -47,6 +47,6 @@ class _GatherFeatures(torch.autograd.Function):
 def all_reduce_sum(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """Sum a tensor over ranks (out of place), accumulating in float64 and rounding once to its dtype, as a
     trainer reduces low-precision gradients into float32 main grads; used to check summed gradients."""
-    out = tensor.detach().to(torch.float64)
+    out = tensor.detach().to(torch.float64, copy=True)  # never in place: a float64 input would be reduced itself
     dist.all_reduce(out, group=group)
     return out.to(tensor.dtype)

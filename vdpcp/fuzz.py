@@ -4,11 +4,13 @@ The placeholder path only runs for microbatches with fewer images (or tubelets) 
 look intermittent in training. The search draws exactly the microbatches that matter: media counts around
 and below CP, odd and even patch grids, mixed sizes, videos cut into tubelets of T in {1, 2, 4}.
 
-Hypothesis is the engine: a seeded search (same seed, same microbatches, no example database, no time
-limits in play), stopped at the first failure and shrunk to the smallest spec (fewest media, smallest
-grids) that still fails *the same way*: with the same ``signature``, not merely some failure. A spec the
-unsharded encoder rejects too (an odd real grid with even padding off) is not a sharding failure and never
-counts as one.
+Hypothesis is the engine: a seeded search (same seed, same microbatches, no time limits in play), stopped
+at the first failure and shrunk to the smallest spec (fewest media, smallest grids) that still fails *the
+same way*: with the same ``signature``, not merely some failure. A spec the unsharded encoder rejects too
+(an odd real grid with even padding off) is not a sharding failure and never counts as one. The failure is
+saved as a self-describing case (vdpcp.saved: its CP size, implementation, flags and signature), and, as
+hypothesis's example database does, the next search of the same configuration first replays the saved
+failures in its folder, reporting one that still fails without searching at all.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, find, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky, NoSuchExample
 
+from vdpcp import saved
 from vdpcp.capture import name_with_cp
 from vdpcp.case import Case
 from vdpcp.runner import CaseResult, run_case
@@ -142,13 +145,18 @@ class Search:
         parts += [f"mutant-{self.mutant}"] if self.mutant else []
         return "-".join(parts) or "as-specified"
 
-    def replay_flags(self) -> list[str]:
-        flags = [] if self.impl == "reference" else ["--impl", self.impl]
-        flags += [] if self.split == "count" else ["--split", self.split]
-        flags += [] if self.dtype == "float64" else ["--dtype", self.dtype]
-        flags += [] if self.even_pad else ["--no-even-pad"]
-        flags += ["--mutant", self.mutant] if self.mutant else []
-        return flags
+    def saved_here(self, out_dir: Path) -> list[Path]:
+        """Saved failures in ``out_dir`` of exactly this configuration (other flags, other CP: not ours)."""
+        mine = []
+        for path in sorted(Path(out_dir).glob("*.json")):
+            try:
+                found = saved.load(path)
+                case = found.to_case()
+            except Exception:  # noqa: BLE001 - a stray or foreign file in the folder is not ours to judge
+                continue
+            if found.signature is not None and case == self.case(found.spec):
+                mine.append(path)
+        return mine
 
 
 OnRun = Callable[["FuzzReport", MicrobatchSpec, CaseResult], None]
@@ -161,6 +169,7 @@ class Finding:
     result: CaseResult  # of the shrunk spec
     path: Path | None = None
     reproduced: bool = True  # False: hypothesis's rerun of the spec did not fail the same way (flaky)
+    from_saved: bool = False  # a failure saved by an earlier search, replayed first
 
 
 @dataclass
@@ -171,6 +180,7 @@ class FuzzReport:
     passed: int = 0
     unsharded_errors: int = 0  # specs the unsharded encoder rejects too: not sharding failures
     finding: Finding | None = None
+    replayed: int = 0  # saved failures replayed before searching
     other_failures: dict[str, MicrobatchSpec] = field(default_factory=dict)  # other signatures met while shrinking
 
     @property
@@ -184,6 +194,8 @@ def fuzz(search: Search, out_dir: str | Path | None = None, on_run: OnRun | None
     ``on_run(report, spec, result)`` is called after every microbatch (progress display, tests).
     """
     report = FuzzReport(search)
+    if out_dir is not None and _replay_saved(search, Path(out_dir), report, on_run):
+        return report
     target: list[str] = []  # the first failure's signature: shrinking must keep it
     last: list[tuple[MicrobatchSpec, CaseResult]] = []
 
@@ -213,8 +225,24 @@ def fuzz(search: Search, out_dir: str | Path | None = None, on_run: OnRun | None
     spec = MicrobatchSpec.from_dict({**spec.to_dict(), "name": name_with_cp(search.tag, search.cp)})
     report.finding = Finding(spec, target[0], result, reproduced=reproduced)
     if out_dir is not None:
-        report.finding.path = spec.save(Path(out_dir) / f"{spec.name}.json")
+        report.finding.path = saved.save(Path(out_dir) / f"{spec.name}.json", search.case(spec), target[0])
     return report
+
+
+def _replay_saved(search: Search, out_dir: Path, report: FuzzReport, on_run) -> bool:
+    """Run this configuration's saved failures first; True (with report.finding) when one still fails."""
+    for path in search.saved_here(out_dir):
+        found = saved.load(path)
+        result = run_case(found.to_case(), backend=search.backend, timeout=search.timeout, fault_grace=FAULT_GRACE_S)
+        _count(report, result, False)
+        report.replayed += 1
+        if on_run is not None:
+            on_run(report, found.spec, result)
+        sig = signature(result)
+        if sig is not None:
+            report.finding = Finding(found.spec, sig, result, path=path, from_saved=True)
+            return True
+    return False
 
 
 def _settings(budget: int) -> settings:

@@ -21,37 +21,56 @@ from dataclasses import dataclass
 class Mutant:
     name: str
     bug: str  # the plausible bug, in one sentence
-    patches: Callable[[], dict[str, object]]  # "module:attr" -> replacement, built lazily inside the rank
-    kills: tuple[str, ...] = ()  # matrix case ids expected to kill it, cheapest and surest first
+    patches: Callable[[], dict[str, object]] | None = None  # "module:attr" -> replacement, built inside the rank
+    wrap: Callable[[object], object] | None = None  # implementation -> mutated implementation (any implementation)
+    kills: tuple[str, ...] = ()  # matrix case ids expected to kill it (for the reference), cheapest and surest first
+
+    @property
+    def generic(self) -> bool:
+        return self.wrap is not None
 
 
 MUTANTS: dict[str, Mutant] = {}
 
 
 def mutant(name: str, bug: str, kills: tuple[str, ...] = ()):
+    """A named bug in vdpcp's own sharded path, as monkeypatches of its modules."""
     def register(patches):
-        MUTANTS[name] = Mutant(name, bug, patches, tuple(kills))
+        MUTANTS[name] = Mutant(name, bug, patches=patches, kills=tuple(kills))
         return patches
 
     return register
 
 
+def generic(name: str, bug: str, kills: tuple[str, ...] = ()):
+    """A bug at the interface, for any implementation: a wrapper around it."""
+    def register(wrap):
+        MUTANTS[name] = Mutant(name, bug, wrap=wrap, kills=tuple(kills))
+        return wrap
+
+    return register
+
+
 @contextmanager
-def applied(name: str | None):
-    """Apply the named mutant's patches for the duration of the block (no-op for None)."""
+def applied(name: str | None, impl):
+    """The implementation to check while the named mutant is in force (``impl`` itself for None)."""
     if name is None:
-        yield
+        yield impl
         return
     if name not in MUTANTS:
         raise KeyError(f"unknown mutant {name!r}; known: {sorted(MUTANTS)}")
+    found = MUTANTS[name]
+    if found.generic:
+        yield found.wrap(impl)
+        return
     saved = []
     try:
-        for target, replacement in MUTANTS[name].patches().items():
+        for target, replacement in found.patches().items():
             module_name, attr = target.split(":")
             module = importlib.import_module(module_name)
             saved.append((module, attr, getattr(module, attr)))
             setattr(module, attr, replacement)
-        yield
+        yield impl
     finally:
         for module, attr, original in reversed(saved):
             setattr(module, attr, original)
@@ -309,7 +328,7 @@ def _gather_before_project():
         return model.project(sharded.gather_features(encoded, sharded.real_tokens(plan), group))
 
     original = sharded.encode_sharded
-    return {"vdpcp.case:encode_sharded": encode_sharded}
+    return {"vdpcp.sharded:encode_sharded": encode_sharded}
 
 
 # --- the model and the loss ----------------------------------------------------------------------------
@@ -334,50 +353,200 @@ def _replicated_loss():
     def rank_loss(features, weights, rank):
         return (sum(weights) * features).sum()
 
-    return {"vdpcp.case:rank_loss": rank_loss}
+    return {"vdpcp.oracle:rank_loss": rank_loss}
 
 
-# --- hunting -------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Hunt:
-    """What running a mutant against cases found: the first case that killed it, and every case tried."""
-
-    mutant: str
-    killed_by: str | None = None
-    verdict: str = ""  # the killing case's verdict (fail or error) and why
-    tried: list[str] | None = None
-
-    @property
-    def killed(self) -> bool:
-        return self.killed_by is not None
+# --- groups and ranks (parallel layouts, execution, rank-asymmetric bugs) -----------------------------
 
 
-def hunt(name: str, cases, backend: str | None = None, timeout: float | None = None, on_case=None) -> Hunt:
-    """Run ``cases`` (vdpcp.case.Case, un-mutated) with mutant ``name`` applied, stopping at the first kill.
+@mutant(
+    "gather-on-default-group",
+    "the gather runs on the default process group instead of the CP group it was handed, so with data "
+    "parallelism around CP every rank gathers every replica's features",
+    kills=("eleven-images-cp2-dp2-reference-count", "three-images-cp2-dp2-reference-count"),
+)
+def _gather_on_default_group():
+    from vdpcp import comm
 
-    A case kills the mutant when its verdict, judged as the matrix judges it, is not a pass (an expected
-    xfail that fails the expected way does not count). ``on_case(case, verdict)`` is called after each.
-    """
-    from vdpcp import scenarios
-    from vdpcp.harness.config import resolve_backend
-    from vdpcp.runner import run_case
+    def gather(local, counts, group=None):
+        import torch.distributed as dist
 
-    found = Hunt(name, tried=[])
-    for case in cases:
-        mutated = case.with_(mutant=name)
-        # Most kills are a rank raising while the others wait in the gather: its error is all the verdict needs.
-        result = run_case(mutated, backend=backend, timeout=timeout, fault_grace=scenarios.KNOWN_LIMIT_GRACE_S)
-        verdict, why = scenarios.judge(result, resolve_backend(backend, case.cp))
-        found.tried.append(case.id)
-        if on_case is not None:
-            on_case(case, verdict)
-        if verdict not in scenarios.PASSING:
-            found.killed_by, found.verdict = case.id, f"{verdict}: {why or _first_failure(result)}"
-            break
-    return found
+        everyone = counts * (dist.get_world_size() // len(counts))  # what a default-group gather would collect
+        return comm.gather_features(local, everyone, None)
+
+    return {"vdpcp.sharded:gather_features": gather}
 
 
-def _first_failure(result) -> str:
-    return (result.failures or [""])[0].splitlines()[0][:200]
+@mutant(
+    "placeholder-rank-skips-tower",
+    "a rank that holds only placeholders skips the tower and hands the gather zeros of the right shape: outputs "
+    "and gradients still match (the gather drops placeholders), but in real training that rank never enters "
+    "the collectives of a tensor-parallel or FSDP-sharded tower and its peers hang",
+    kills=("three-images-cp4-reference-count", "one-image-cp2-reference-count"),
+)
+def _placeholder_rank_skips_tower():
+    import torch.distributed as dist
+
+    from vdpcp import sharded
+    from vdpcp.model import output_tokens
+
+    def encode_sharded(model, batch, config, group=None):
+        if not config.shard_vision:
+            return original(model, batch, config, group)
+        plan = sharded.plan_for(batch.spec, config)
+        shard = plan.shard(dist.get_rank(group))
+        if shard.num_real_rows > 0:
+            return original(model, batch, config, group)
+        tokens = output_tokens((1, 1)) * shard.num_placeholders
+        skipped = batch.patches.new_zeros(tokens, model.config.lm_hidden, requires_grad=True)  # still in backward
+        gathered = sharded.gather_features(skipped, sharded.real_tokens(plan), group)
+        index = sharded.image_order(plan)
+        return gathered if index is None else gathered[index]
+
+    original = sharded.encode_sharded
+    return {"vdpcp.sharded:encode_sharded": encode_sharded}
+
+
+@mutant(
+    "backward-reduces-to-rank-0",
+    "the gather's backward reduces the gradient to rank 0 instead of all-reducing it, so every other rank's "
+    "images miss the gradient their features got on other ranks",
+    kills=("eleven-images-cp2-reference-count", "three-images-cp4-reference-count-zigzag"),
+)
+def _backward_reduces_to_rank_0():
+    import torch.distributed as dist
+
+    from vdpcp import comm
+
+    class ReducedToRank0(comm._GatherFeatures):
+        @staticmethod
+        def backward(ctx, grad):
+            grad = grad.contiguous().clone()
+            dist.reduce(grad, dst=dist.get_global_rank(ctx.group, 0) if ctx.group is not None else 0, group=ctx.group)
+            start = sum(ctx.counts[: ctx.rank])
+            local_grad = grad.new_zeros(ctx.local_rows, *grad.shape[1:])
+            local_grad[: ctx.counts[ctx.rank]] = grad[start : start + ctx.counts[ctx.rank]]
+            return local_grad, None, None
+
+    def gather(local, counts, group=None):
+        return ReducedToRank0.apply(local, list(counts), group)
+
+    return {"vdpcp.sharded:gather_features": gather}
+
+
+# --- at the interface: any implementation ----------------------------------------------------------------
+
+
+class _Wrapped:
+    """An implementation with its sharded encode changed; everything else is the subject's own."""
+
+    def __init__(self, subject, encode_sharded):
+        self._subject, self._encode_sharded = subject, encode_sharded
+
+    def __getattr__(self, attr):
+        return getattr(self._subject, attr)
+
+    def encode_sharded(self, model, inputs, config, group):
+        return self._encode_sharded(self._subject, model, inputs, config, group)
+
+
+def _cp_rank(group) -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank(group)
+
+
+@generic(
+    "features-rolled-on-last-rank",
+    "the last CP rank's copy of the gathered features is off by one row (a rank-local indexing bug): every "
+    "other rank is right",
+    kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count"),
+)
+def _features_rolled_on_last_rank(impl):
+    import torch.distributed as dist
+
+    def encode_sharded(subject, model, inputs, config, group):
+        features = subject.encode_sharded(model, inputs, config, group)
+        last = _cp_rank(group) == dist.get_world_size(group) - 1
+        return features.roll(1, 0) if config.shard_vision and last and features.shape[0] > 1 else features
+
+    return _Wrapped(impl, encode_sharded)
+
+
+@generic(
+    "grad-dropped-on-rank-1",
+    "CP rank 1's language-model gradient never reaches the ranks that own the images (zeroed before the "
+    "gather's backward): forward is right, and so is every other rank's contribution",
+    kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count-zigzag"),
+)
+def _grad_dropped_on_rank_1(impl):
+    import torch
+
+    class ZeroGrad(torch.autograd.Function):  # rank 1 still takes part in every backward collective, with zeros
+        @staticmethod
+        def forward(ctx, features):
+            return features.view_as(features)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return torch.zeros_like(grad)
+
+    def encode_sharded(subject, model, inputs, config, group):
+        features = subject.encode_sharded(model, inputs, config, group)
+        return ZeroGrad.apply(features) if config.shard_vision and _cp_rank(group) == 1 else features
+
+    return _Wrapped(impl, encode_sharded)
+
+
+@generic(
+    "loss-replicated",
+    "each CP rank's loss gradient is summed over the CP group before the gather's backward (as if every rank's "
+    "loss covered every rank's tokens), so the summed gradients count each row CP times",
+    kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count"),
+)
+def _loss_replicated(impl):
+    import torch
+
+    from vdpcp import comm
+
+    class SumGradOverGroup(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, features, group):
+            ctx.group = group
+            return features.view_as(features)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return comm.all_reduce_sum(grad.contiguous(), ctx.group), None
+
+    def encode_sharded(subject, model, inputs, config, group):
+        features = subject.encode_sharded(model, inputs, config, group)
+        return SumGradOverGroup.apply(features, group) if config.shard_vision else features
+
+    return _Wrapped(impl, encode_sharded)
+
+
+@generic(
+    "tower-detached-on-last-rank",
+    "the last CP rank runs its tower outside autograd (parameters frozen for its call), so its outputs are right "
+    "but its tower gets no gradient: the placeholder-only rank that skips its real work, seen from outside",
+    kills=("three-images-cp4-reference-count", "one-image-cp2-reference-count"),
+)
+def _tower_detached_on_last_rank(impl):
+    import torch.distributed as dist
+
+    def encode_sharded(subject, model, inputs, config, group):
+        if not (config.shard_vision and _cp_rank(group) == dist.get_world_size(group) - 1):
+            return subject.encode_sharded(model, inputs, config, group)
+        params = [p for p in model.parameters() if p.requires_grad]
+        for p in params:
+            p.requires_grad_(False)
+        try:
+            return subject.encode_sharded(model, inputs, config, group)
+        finally:
+            for p in params:
+                p.requires_grad_(True)
+
+    return _Wrapped(impl, encode_sharded)

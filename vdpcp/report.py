@@ -17,7 +17,6 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from vdpcp.case import plan_of
 from vdpcp.cli import UsageError
 
 STYLES = {"pass": "green", "xfail": "yellow", "killed": "green", "fail": "bold red", "error": "bold red",
@@ -90,6 +89,8 @@ def check_record(row: CheckRow) -> dict:
         "cp": case.cp,
         "impl": case.impl,
         "split": case.split,
+        "dp": case.dp,
+        "tp": case.tp,
         "loss": case.loss,
         "grads": case.grads,
         "vision_dp_over_cp": case.vision_dp_over_cp,
@@ -100,7 +101,8 @@ def check_record(row: CheckRow) -> dict:
         "why": row.why,
         "seconds": round(row.seconds, 3),
         "ranks": [
-            {"rank": r.rank, "backend": r.backend, "device": r.device, "images": r.images, "placeholders": r.placeholders, "patches": r.patches,
+            {"rank": r.rank, "cp_rank": r.cp_rank, "backend": r.backend, "device": r.device, "encoded": r.encoded,
+             "images": r.images, "placeholders": r.placeholders, "patches": r.patches,
              **{attr: _finite(getattr(r, attr)) for attr, _ in ERRORS}, "failures": r.failures}
             for r in result.ranks
         ],
@@ -206,10 +208,18 @@ def _ran_on(result) -> str:
 def _per_rank(result) -> tuple[str, str]:
     """Real images (+ placeholders: "1p" is a rank of one placeholder) and patches of each rank: as the
     ranks reported them, or, where the case raised before they could, as its plan says."""
-    shares = [(r.images, r.placeholders, r.patches) for r in result.ranks]
     case = result.case
+    first = {}
+    for r in result.ranks:  # one row per CP rank: the first replica's (every replica has the same shapes)
+        first.setdefault(r.cp_rank, r)
+    shares = [(r.images, r.placeholders, r.patches) for _, r in sorted(first.items())]
     if not shares and case.config.shard_vision and case.config.context_parallel_size == case.cp:
-        shares = [(s.num_real_rows, s.num_placeholders, s.num_patches) for s in plan_of(case).shards]
+        from vdpcp.impls import resolve
+
+        plan = resolve(case.impl).plan(case.spec, case.config)
+        if plan is not None:
+            shares = [(len(rows), plan.placeholders[r], sum(case.spec.row_patches[i] for i in rows))
+                      for r, rows in enumerate(plan.rows_of(r) for r in range(case.cp))]
     if not shares:
         return "-", "-"
     images = " ".join((f"{n}+{p}p" if n else f"{p}p") if p else str(n) for n, p, _ in shares)

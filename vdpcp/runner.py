@@ -1,30 +1,27 @@
-"""Run one Case on its ranks and reduce the per-rank results to a verdict.
+"""Run one Case on its ranks and judge it: the one path that check, replay, fuzz, mutants and pytest share.
 
-Shared by ``vdpcp check``, ``replay``, ``fuzz`` and ``mutants`` and by the pytest matrix, so every entry
-point judges a case the same way. A case either passes (every rank's checks hold), fails (a check does
-not hold on some rank), or errors (a rank raised, died or hung: the harness's RankFailure text is kept);
-"unsharded-error" means the unsharded encoder raised on the spec too, so sharding is not to blame.
+The rank body resolves the case's implementation (by name or module:object, on the rank), builds the case's
+layout groups, applies its mutant from outside the oracle, and runs the oracle. A case either passes (every
+rank's checks hold), fails (a check does not hold on some rank), or errors (a rank raised, died or hung: the
+harness's RankFailure text is kept); "unsharded-error" means the unsharded encoder raised on the spec too, so
+sharding is not to blame. ``run_judged`` adds the expectation (vdpcp.expectations.judge).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vdpcp import harness
-from vdpcp.case import Case, RankResult, check_case
+from vdpcp import harness, layout, mutants, oracle
+from vdpcp.case import Case, RankResult
+from vdpcp.expectations import KNOWN_LIMIT_GRACE_S, PASSING, judge, known_limit
 from vdpcp.harness import RankFailure, run_ranks
 from vdpcp.harness import config as harness_config
 from vdpcp.harness.config import resolve_backend
+from vdpcp.impls import resolve
 
-# What every case body imports. A rank worker forked after a faulted case would otherwise import
-# megatron.core again (about 4 s a rank here); preloaded into the rank zygote, it starts in milliseconds.
-RANK_PRELOAD = (
-    "vdpcp.case",
-    "vdpcp.mcore",
-    "megatron.core.parallel_state",
-    "megatron.core.models.multimodal.context_parallel",
-    "megatron.core.packed_seq_params",
-)
+# What every case body imports, besides its implementation's own preload. A rank worker forked after a faulted
+# case would otherwise import them again; preloaded into the rank zygote, it starts in milliseconds.
+RANK_PRELOAD = ("vdpcp.runner",)
 
 
 @dataclass
@@ -61,25 +58,45 @@ class CaseResult:
         return max((getattr(r, attr) for r in self.ranks), default=float("nan"))
 
     def summary(self) -> str:
-        """One paragraph: the case, what each rank encoded, and what failed."""
+        """One paragraph: the case, where it ran, what each rank encoded, and what failed."""
         lines = [f"{self.case.id}: {self.verdict} (on {self.backend or '?'}, {self.device})"]
         for r in self.ranks:
-            lines.append(f"  rank {r.rank}: {r.images} images, {r.placeholders} placeholders, {r.patches} patches")
+            lines.append(f"  rank {r.rank}: {r.images} images, {r.placeholders} placeholders, {r.patches} patches"
+                         + (f", its tower saw {r.encoded} rows" if r.encoded >= 0 else ""))
         lines += [f"  {msg}" for msg in self.failures]
         return "\n".join(lines)
 
 
+@dataclass
+class Judged:
+    """A result with its verdict against the case's expectation (pass, fail, error, xfail, xpass, ...)."""
+
+    result: CaseResult
+    verdict: str
+    why: str
+
+    @property
+    def passing(self) -> bool:
+        return self.verdict in PASSING
+
+
+def rank_body(ctx, case: Case) -> RankResult:
+    """On every rank: the case's implementation, with its mutant if any, checked by the oracle."""
+    impl = resolve(case.impl)
+    groups = layout.groups(layout.Layout(case.cp, case.dp, case.tp))
+    with mutants.applied(case.mutant, impl) as subject:
+        return oracle.check(ctx, case, subject, groups)
+
+
 def run_case(case: Case, backend: str | None = None, timeout: float | None = None,
              fault_grace: float | None = None) -> CaseResult:
-    """Run ``case`` on ``case.cp`` ranks. Skips and xfails raised in a rank propagate to the caller.
+    """Run ``case`` on its ``case.world_size`` ranks. Skips and xfails raised in a rank propagate to the caller.
 
     ``fault_grace``: seconds the other ranks get to finish once one rank raised (the harness's default is 3 s).
-    A case expected to fail with one rank raising and the rest stuck in a collective (a known upstream
-    limit) sets it short: the raising rank's error is all it needs, and the wait would be idle time.
     """
-    chosen = resolve_backend(backend, case.cp)  # once: the expectation and the run use the same backend
+    chosen = resolve_backend(backend, case.world_size)  # once: the expectation and the run use the same backend
     try:
-        ranks = run_ranks(check_case, case.cp, case, backend=chosen, timeout=timeout, fault_grace=fault_grace)
+        ranks = run_ranks(rank_body, case.world_size, case, backend=chosen, timeout=timeout, fault_grace=fault_grace)
     except RankFailure as failure:
         return CaseResult(case, error=str(failure), backend=chosen)
     strays = [f"rank {r.rank} ran on {r.backend}" for r in ranks if r.backend != chosen]
@@ -88,9 +105,19 @@ def run_case(case: Case, backend: str | None = None, timeout: float | None = Non
     return CaseResult(case, ranks=ranks, backend=chosen)
 
 
-def preload_case_modules() -> None:
-    """Have the rank zygote preload RANK_PRELOAD, unless a preload is configured already or CUDA is visible
-    (the zygote forks its workers, so nothing it imports may have touched CUDA; CPU-only is the safe case)."""
+def run_judged(case: Case, backend: str | None = None, timeout: float | None = None) -> Judged:
+    """run_case, then judge: a case expected to fail a known way gets a short fault grace."""
+    chosen = resolve_backend(backend, case.world_size)
+    grace = KNOWN_LIMIT_GRACE_S if known_limit(case, chosen) or case.mutant else None
+    result = run_case(case, backend=chosen, timeout=timeout, fault_grace=grace)
+    return Judged(result, *judge(result))
+
+
+def preload_case_modules(impls=()) -> None:
+    """Have the rank zygote preload RANK_PRELOAD and the implementations' own preloads, unless a preload is
+    configured already or CUDA is visible (the zygote forks its workers, so nothing it imports may have
+    touched CUDA; CPU-only is the safe case). Callers scope it (harness.config.configured)."""
     if harness_config.default_preload() or harness_config.cuda_device_count() > 0:
         return
-    harness.configure(preload=RANK_PRELOAD)
+    extra = [name for target in impls for name in resolve(target).preload]
+    harness.configure(preload=tuple(dict.fromkeys((*RANK_PRELOAD, *extra))))

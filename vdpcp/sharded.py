@@ -14,13 +14,10 @@ import torch
 import torch.distributed as dist
 
 from vdpcp.comm import gather_features
+from vdpcp.impls.base import Ownership, check_group
 from vdpcp.model import VisionModel, output_tokens
 from vdpcp.plan import DEFAULT_ALPHA, Plan, RankShard, make_plan
 from vdpcp.spec import Microbatch, MicrobatchSpec
-
-
-class GroupMismatchError(ValueError):
-    """The configured CP size disagrees with the process group the split would run on."""
 
 
 @dataclass(frozen=True)
@@ -34,15 +31,6 @@ class VisionDPConfig:
     @property
     def shard_vision(self) -> bool:
         return self.vision_dp_over_cp and self.context_parallel_size > 1
-
-
-def check_group(config: VisionDPConfig, group_size: int, impl: str = "reference") -> None:
-    """Raise (locally, before any collective, so every rank raises and none hangs) on a CP size mismatch."""
-    if config.context_parallel_size != group_size:
-        raise GroupMismatchError(
-            f"{impl}: vision_dp_over_cp does not match its process group: "
-            f"context_parallel_size={config.context_parallel_size} but the CP group has {group_size} ranks"
-        )
 
 
 def plan_for(spec: MicrobatchSpec, config: VisionDPConfig) -> Plan:
@@ -65,7 +53,7 @@ def encode_unsharded(model: VisionModel, batch: Microbatch) -> torch.Tensor:
 def encode_sharded(model: VisionModel, batch: Microbatch, config: VisionDPConfig, group=None) -> torch.Tensor:
     """The global projected features [tokens, lm_hidden], identical on every rank of ``group``."""
     if group is not None or config.shard_vision:
-        check_group(config, dist.get_world_size(group))
+        check_group(config, dist.get_world_size(group), "reference")
     if not config.shard_vision:
         return encode_unsharded(model, batch)
     plan = plan_for(batch.spec, config)
@@ -117,6 +105,24 @@ def real_units(plan: Plan) -> list[tuple[int, int, int]]:
                     units.append((shard.rank, plan.order[row + k], output_tokens((h // plan.patch_dim, w // plan.patch_dim))))
             row += n
     return units
+
+
+def ownership(plan: Plan) -> Ownership:
+    """The plan as row ownership: each real row's rank, its tokens (on a tubelet's first frame), placeholders."""
+    owner, tokens = [0] * plan.num_real_rows, [0] * plan.num_real_rows
+    for shard in plan.shards:
+        pos = shard.start
+        for n in shard.num_frames:
+            for k in range(0, n, plan.temporal_patch_size):
+                tubelet = [plan.order[p] for p in range(pos + k, min(pos + k + plan.temporal_patch_size, pos + n))
+                           if p < plan.num_real_rows]
+                for row in tubelet:
+                    owner[row] = shard.rank
+                if tubelet:
+                    h, w = plan.rows[pos + k]
+                    tokens[tubelet[0]] = output_tokens((h // plan.patch_dim, w // plan.patch_dim))
+            pos += n
+    return Ownership(tuple(owner), tuple(tokens), tuple(s.num_placeholders for s in plan.shards))
 
 
 def real_tokens(plan: Plan) -> list[int]:

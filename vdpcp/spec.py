@@ -104,16 +104,7 @@ class MicrobatchSpec:
 
     @classmethod
     def load(cls, path: str | Path) -> MicrobatchSpec:
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as err:
-            raise SpecError(f"{path}: cannot read spec file ({err.strerror})") from None
-        except UnicodeDecodeError as err:
-            raise SpecError(f"{path}: not valid JSON (expected UTF-8 text: {err.reason} at byte {err.start})") from None
-        except json.JSONDecodeError as err:
-            raise SpecError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(read_json(Path(path)), source=str(path))
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -146,6 +137,18 @@ class Microbatch:
     patches: torch.Tensor
     imgs_sizes: torch.Tensor
     cu_seqlens: torch.Tensor
+
+
+def read_json(path: Path):
+    """A spec file's JSON; SpecError naming the file when it cannot be read or parsed."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read spec file ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise SpecError(f"{path}: not valid JSON (expected UTF-8 text: {err.reason} at byte {err.start})") from None
+    except json.JSONDecodeError as err:
+        raise SpecError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
 
 
 def _is_int(value) -> bool:

@@ -1,16 +1,13 @@
-"""The correctness matrix: every scenario of vdpcp.scenarios at CP 1, 2, 4 and 8, for the reference (count and
-balanced splits) and MCore's helpers, outputs and gradients against the unsharded encoder; the zigzag loss on a
-subset; opt-out at CP > 1; an empty microbatch. Known upstream limits are strict xfails (see scenarios.py)."""
+"""The correctness matrix: every scenario of vdpcp.scenarios at CP 1, 2, 4 and 8 and in CP x DP layouts, for the
+implementations of --vdpcp-impl (default: the reference's count, balanced and packed splits and MCore's helpers),
+outputs, gradients and execution against the unsharded encoder; the zigzag loss on a subset; opt-out at CP > 1;
+a config CP that disagrees with the process group; an empty microbatch. Known upstream limits are strict xfails."""
 
 import pytest
 
-from tests.distributed.matrix_support import assert_case, param, run
-from vdpcp import scenarios
-
-CASES = [case for case in scenarios.matrix() if not scenarios.expects_group_error(case)]
+from vdpcp.testing import assert_case
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("case", [param(case) for case in CASES])
-def test_case(case):
-    assert_case(run(case))
+def test_case(vdpcp_case):
+    assert_case(vdpcp_case)

@@ -124,7 +124,7 @@ def count_plan(spec: MicrobatchSpec, cp: int):
 
 def mcore_split_views(ctx, cp: int, specs: list[dict]) -> list[dict]:
     """This rank's view of MCore's split of every microbatch (plain values the test compares with the plan)."""
-    from vdpcp.mcore import ensure_parallel_state
+    from vdpcp.impls.mcore import ensure_parallel_state
 
     ensure_parallel_state(cp)
     return [_mcore_view(MicrobatchSpec.from_dict(d), cp, ctx.rank) for d in specs]

@@ -14,9 +14,11 @@ import pytest
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from vdpcp import comm, mcore, scenarios
-from vdpcp.case import IMPLS, Case, check_case
+from vdpcp import comm, scenarios
+from vdpcp.case import Case
 from vdpcp.harness import run_ranks
+from vdpcp.impls import BUILT_INS, mcore
+from vdpcp.runner import rank_body
 
 COLLECTIVES = (
     "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all", "all_to_all_single",
@@ -67,7 +69,7 @@ class CollectiveCounter:
 def check_counting_collectives(ctx, case: Case):
     """Rank body: the case's check, and the collectives its encoder path issued on this rank."""
     with CollectiveCounter().installed() as counter:
-        result = check_case(ctx, case)
+        result = rank_body(ctx, case)
     return result, counter.calls
 
 
@@ -75,9 +77,9 @@ def _spec(name):
     return next(s.spec for s in scenarios.SCENARIOS if s.spec.name == name)
 
 
-NOOP_CASES = [Case(_spec(name), 1, impl) for name in ("three-images", "video-and-images") for impl in IMPLS]
+NOOP_CASES = [Case(_spec(name), 1, impl) for name in ("three-images", "video-and-images") for impl in BUILT_INS]
 NOOP_CASES += [case for case in scenarios.matrix(cps=(2, 4, 8)) if not case.vision_dp_over_cp]
-CONTROLS = [Case(_spec("eight-equal"), 2, impl) for impl in IMPLS]  # equal token counts: runs on gloo too
+CONTROLS = [Case(_spec("eight-equal"), 2, impl) for impl in BUILT_INS]  # equal token counts: runs on gloo too
 
 
 @pytest.mark.distributed

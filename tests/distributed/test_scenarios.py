@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from vdpcp import scenarios
+from vdpcp import expectations, scenarios
 from vdpcp.case import Case, RankResult
+from vdpcp.impls import mcore
 from vdpcp.runner import CaseResult
 from vdpcp.spec import MicrobatchSpec, SpecError
 
@@ -49,50 +50,60 @@ def test_the_issue_scenarios_are_there():
     assert {c.cp for c in MATRIX if c.spec.name == "one-image"} >= {2, 4, 8}
     assert any(c.spec.name == "three-images" and c.cp == 4 for c in MATRIX)
     assert {c.cp for c in MATRIX if not c.vision_dp_over_cp} >= {2, 4, 8}
-    assert {c.impl for c in MATRIX if scenarios.expects_group_error(c)} == {"reference", "mcore"}
+    assert {c.impl for c in MATRIX if expectations.expects_group_error(c)} == {"reference", "mcore"}
+    assert {c.dp for c in MATRIX if expectations.expects_group_error(c)} == {1, 2}
 
 
-def test_every_uneven_mcore_case_also_runs_outputs_only():
-    for case in _cases(impl="mcore", loss="rank", grads=True):
-        if case.config.shard_vision and case.config_cp is None and len(set(scenarios.rank_tokens(case))) > 1:
-            assert case.with_(grads=False) in MATRIX, case.id
+def test_layouts_put_data_parallel_replicas_around_cp_for_both_impls():
+    layouts = {(c.cp, c.dp, c.impl) for c in MATRIX if c.dp > 1}
+    assert {(cp, dp) for cp, dp, _ in layouts} == set(scenarios.LAYOUTS)
+    assert {impl for _, _, impl in layouts} == {"reference", "mcore"}
+
+
+def test_every_case_whose_backward_alone_hits_a_limit_also_runs_outputs_only():
+    uneven = [c for c in _cases(impl="mcore", loss="rank", grads=True)
+              if expectations.known_limit(c, "gloo") is mcore.GLOO_GATHER_BACKWARD]
+    assert len(uneven) > 40
+    for case in uneven:
+        assert case.with_(grads=False) in MATRIX, case.id
 
 
 def test_gloo_gather_limit_follows_the_per_rank_token_counts():
     spec = MicrobatchSpec(images=((16, 16),) * 4, name="t")
     even, uneven = Case(spec, 2, "mcore"), Case(spec.__class__(images=((16, 16),) * 3, name="u"), 2, "mcore")
-    assert scenarios.rank_tokens(even) == [8, 8] and scenarios.known_limit(even, "gloo") is None
-    assert scenarios.rank_tokens(uneven) == [4, 8]
-    assert scenarios.known_limit(uneven, "gloo") is scenarios.GLOO_GATHER_BACKWARD
-    assert scenarios.known_limit(uneven, "nccl") is None  # runs for real on NCCL
-    assert scenarios.known_limit(uneven.with_(grads=False), "gloo") is None  # the outputs are always checked
-    assert scenarios.known_limit(uneven.with_(impl="reference"), "gloo") is None
+    tokens = lambda case: mcore.rank_tokens(case.spec, case.config)  # noqa: E731
+    assert tokens(even) == [8, 8] and expectations.known_limit(even, "gloo") is None
+    assert tokens(uneven) == [4, 8]
+    assert expectations.known_limit(uneven, "gloo") is mcore.GLOO_GATHER_BACKWARD
+    assert expectations.known_limit(uneven, "nccl") is None  # runs for real on NCCL
+    assert expectations.known_limit(uneven.with_(grads=False), "gloo") is None  # the outputs are always checked
+    assert expectations.known_limit(uneven.with_(impl="reference"), "gloo") is None
 
 
-def _result(case, error=None, failures=()):
-    ranks = [] if error else [RankResult(r, 1, 0, 4, failures=list(failures)) for r in range(case.cp)]
-    return CaseResult(case, ranks=ranks, error=error)
+def _result(case, error=None, failures=(), backend="gloo"):
+    ranks = [] if error else [RankResult(r, r, 1, 0, 4, failures=list(failures), backend=backend) for r in range(case.cp)]
+    return CaseResult(case, ranks=ranks, error=error, backend=backend)
 
 
 def test_judge_strict_xfail():
     case = Case(MicrobatchSpec(images=((16, 16),) * 3, name="u"), 2, "mcore")
-    limit = scenarios.GLOO_GATHER_BACKWARD
-    assert scenarios.judge(_result(case, error=f"rank 0 raised RuntimeError: {limit.signature} at index 1"), "gloo")[0] == "xfail"
-    assert scenarios.judge(_result(case), "gloo")[0] == "xpass"  # the limit is gone: a failure
-    assert scenarios.judge(_result(case, error="rank 1 raised ValueError: something else"), "gloo")[0] == "error"
-    assert scenarios.judge(_result(case), "nccl")[0] == "pass"
-    assert "xpass" not in scenarios.PASSING
+    limit = mcore.GLOO_GATHER_BACKWARD
+    assert expectations.judge(_result(case, error=f"rank 0 raised RuntimeError: {limit.signature} at index 1"))[0] == "xfail"
+    assert expectations.judge(_result(case))[0] == "xpass"  # the limit is gone: a failure
+    assert expectations.judge(_result(case, error="rank 1 raised ValueError: something else"))[0] == "error"
+    assert expectations.judge(_result(case, backend="nccl"))[0] == "pass"
+    assert "xpass" not in expectations.PASSING
 
 
 def test_judge_group_mismatch_needs_the_documented_error_from_every_rank():
     case = Case(MicrobatchSpec(images=((16, 16),), name="m"), 2, config_cp=4)
-    message = f"reference: {scenarios.GROUP_MISMATCH_TEXT}: context_parallel_size=4 but the CP group has 2 ranks"
+    message = f"reference: {expectations.GROUP_MISMATCH_TEXT}: context_parallel_size=4 but the CP group has 2 ranks"
     both = f"failed on 2 of 2 ranks: rank 0 raised GroupMismatchError: {message}; rank 1 raised GroupMismatchError: {message}"
     one = f"failed on 2 of 2 ranks: rank 0 raised GroupMismatchError: {message}; rank 1 hung: still running"
-    assert scenarios.judge(_result(case, error=both), "gloo")[0] == "pass"
-    verdict, why = scenarios.judge(_result(case, error=one), "gloo")
+    assert expectations.judge(_result(case, error=both))[0] == "pass"
+    verdict, why = expectations.judge(_result(case, error=one))
     assert verdict == "fail" and "rank 1 did not raise" in why and "a rank hung" in why
-    assert scenarios.judge(_result(case), "gloo")[0] == "fail"  # no error at all
+    assert expectations.judge(_result(case))[0] == "fail"  # no error at all
 
 
 def test_every_json_under_fixtures_is_a_scenario_recursively(tmp_path):

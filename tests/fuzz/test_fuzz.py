@@ -119,7 +119,20 @@ def test_a_failure_mode_is_found_shrunk_and_saved_with_its_replay_command(tmp_pa
     saved = json.loads(path.read_text())
     assert len(saved["images"]) <= 3
     assert saved == json.loads((REGRESSIONS / path.name).read_text())  # the fixture is this search's result
-    assert f"replay: vdpcp replay {path} {' '.join(flags)}" in out.splitlines(), out
+    assert f"replay: vdpcp replay {path}" in out.splitlines(), out  # the file carries the flags
+    assert main(["replay", str(path)]) == 1  # and fails again with none retyped
+    assert "the same as the saved signature" in capsys.readouterr().out
+
+
+def test_a_search_replays_the_failures_its_configuration_saved_first(tmp_path, capsys):
+    assert main(["fuzz", "--cp", str(CP), "--out", str(tmp_path), "--no-even-pad"]) == 1
+    capsys.readouterr()
+    assert main(["fuzz", "--cp", str(CP), "--out", str(tmp_path), "--no-even-pad", "--seed", "9"]) == 1
+    out = capsys.readouterr().out
+    assert f"the failure saved in {tmp_path / f'no-even-pad-cp{CP}.json'} still fails" in out, out
+    assert "1 saved failure(s) replayed first, no search run" in out
+    # another configuration ignores it: the specification as written has nothing to replay and finds nothing
+    assert main(["fuzz", "--cp", str(CP), "--out", str(tmp_path), "--budget", "3"]) == 0
 
 
 @pytest.mark.parametrize("args, expected", [

@@ -6,9 +6,12 @@ stays fast; `vdpcp mutants` falls back to the whole matrix for a survivor.
 
 import pytest
 
-from tests.distributed.matrix_support import backend_for
 from vdpcp import scenarios
-from vdpcp.mutants import MUTANTS, hunt
+from vdpcp.expectations import known_limit
+from vdpcp.hunt import hunt
+from vdpcp.mutants import MUTANTS
+from vdpcp.runner import run_case
+from vdpcp.testing import backend_for
 
 MATRIX = {case.id: case for case in scenarios.matrix()}
 NAMES = sorted(MUTANTS)
@@ -24,7 +27,7 @@ def test_kill_set_is_named_matrix_cases_expected_to_pass(name):
     assert kills, f"{name} has no kill set"
     for case_id in kills:
         assert case_id in MATRIX, f"{name}: kill-set case {case_id} is not in the matrix"
-        limit = scenarios.known_limit(MATRIX[case_id], backend_for(MATRIX[case_id]))
+        limit = known_limit(MATRIX[case_id], backend_for(MATRIX[case_id]))
         assert limit is None, f"{name}: kill-set case {case_id} is expected to fail here anyway ({limit.name})"
 
 
@@ -33,3 +36,24 @@ def test_kill_set_is_named_matrix_cases_expected_to_pass(name):
 def test_mutant_is_killed_by_a_named_case(name):
     found = hunt(name, [MATRIX[case_id] for case_id in MUTANTS[name].kills])
     assert found.killed, f"{name} ({MUTANTS[name].bug}) survived its kill set {found.tried}"
+
+
+# Rank-asymmetric bugs: wrong on one non-zero rank only. A checker that looked at rank 0 alone would pass them.
+ASYMMETRIC = [("features-rolled-on-last-rank", "eight-equal-cp2-reference-count", "rank 1: outputs"),
+              ("grad-dropped-on-rank-1", "eleven-images-cp2-reference-count", "input grads (summed over ranks)"),
+              ("placeholder-rank-skips-tower", "three-images-cp4-reference-count", "rank 3: execution")]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name, case_id, names", ASYMMETRIC, ids=[a[0] for a in ASYMMETRIC])
+def test_a_bug_on_one_non_zero_rank_fails_and_the_report_names_it(name, case_id, names):
+    result = run_case(MATRIX[case_id].with_(mutant=name))
+    assert result.verdict == "fail", result.summary()
+    assert any(names in failure for failure in result.failures), result.summary()
+
+
+@pytest.mark.distributed
+def test_outputs_wrong_on_the_last_rank_alone_fail_the_case():
+    result = run_case(MATRIX["eight-equal-cp2-reference-count"].with_(mutant="features-rolled-on-last-rank", grads=False))
+    assert result.verdict == "fail"
+    assert [f.split(":")[0] for f in result.failures] == ["rank 1"], result.summary()

@@ -4,7 +4,6 @@ from vdpcp import case, cli, plan
 
 
 def test_cli_choices_are_the_codes_own():
-    assert cli.IMPLS == case.IMPLS
     assert cli.LOSSES == case.LOSSES
     assert cli.DTYPES == tuple(case.DTYPES)
     assert cli.SPLITS == plan.STRATEGIES

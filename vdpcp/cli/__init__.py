@@ -11,8 +11,8 @@ import pkgutil
 import sys
 
 # Choices the subcommands share, kept literal so `vdpcp --help` need not import torch; tests/unit/test_cli.py
-# holds them equal to vdpcp.case.IMPLS / DTYPES / LOSSES and vdpcp.plan.STRATEGIES.
-IMPLS = ("reference", "mcore")
+# holds them equal to vdpcp.case.DTYPES / LOSSES and vdpcp.plan.STRATEGIES. Implementations are not a fixed
+# choice: --impl takes a registered name or module:object (vdpcp.impls.resolve checks it).
 SPLITS = ("count", "balanced", "packed")
 DTYPES = ("float64", "float32", "bfloat16")
 LOSSES = ("rank", "zigzag")
@@ -27,6 +27,22 @@ def add_run_options(parser) -> None:
     """Where the ranks run: --backend and --timeout, as every case-running subcommand takes them."""
     parser.add_argument("--backend", choices=BACKENDS, default=None, help="process-group backend (default: $VDPCP_BACKEND or auto)")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="seconds before a case counts as hung")
+
+
+IMPL_HELP = ("a registered implementation (reference, mcore, qwen2_5_vl, or one an installed package adds to the "
+             "vdpcp.implementations entry points) or module:object")
+
+
+def checked_impls(targets) -> tuple[str, ...]:
+    """The --impl targets, each resolved once so a bad one is one usage error naming it."""
+    from vdpcp.impls import ImplError, resolve
+
+    for target in targets:
+        try:
+            resolve(target)
+        except ImplError as err:
+            raise UsageError(str(err)) from None
+    return tuple(targets)
 
 
 def build_parser() -> argparse.ArgumentParser:

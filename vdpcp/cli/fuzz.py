@@ -2,8 +2,10 @@
 
 Draws --budget microbatches (seeded: the same --seed runs the same search) and runs each sharded against
 unsharded on warm workers. The first failure is shrunk to the smallest spec that fails the same way,
-written to --out as <configuration>-cp<N>.json, and its `vdpcp replay` command printed: exit 1. Nothing
-found: exit 0 with the count of microbatches run. --no-even-pad and --mutant expose known failure modes.
+written to --out as <configuration>-cp<N>.json (a saved case: it carries its CP size, flags and failure
+signature), and its `vdpcp replay` command printed: exit 1. Failures an earlier search of the same
+configuration saved in --out are replayed first. Nothing found: exit 0 with the count of microbatches run.
+--no-even-pad and --mutant expose known failure modes.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ import json
 import time
 from pathlib import Path
 
-from vdpcp.cli import UsageError
-from vdpcp.cli.replay import add_case_arguments, check_mutant, preload_for
+from vdpcp.cli import UsageError, checked_impls
+from vdpcp.cli.replay import add_case_arguments, check_mutant
 
 DEFAULT_OUT = Path("fuzz-out")
 
@@ -38,10 +40,13 @@ def main(args) -> int:
     budget = DEFAULT_BUDGET if args.budget is None else args.budget
     if budget < 1:
         raise UsageError(f"--budget {budget}: expected a positive number of microbatches")
+    from vdpcp.runner import preload_case_modules
+
     check_mutant(args.mutant)
-    preload_for(args.impl)
-    search = Search(args.cp, budget, args.seed, impl=args.impl, split=args.split, dtype=args.dtype,
-                    even_pad=args.even_pad, mutant=args.mutant, backend=args.backend, timeout=args.timeout)
+    impl = checked_impls([args.impl or "reference"])[0]
+    preload_case_modules([impl])
+    search = Search(args.cp, budget, args.seed, impl=impl, split=args.split or "count", dtype=args.dtype or "float64",
+                    even_pad=args.even_pad is not False, mutant=args.mutant, backend=args.backend, timeout=args.timeout)
     start = time.monotonic()
     with _Progress(search) as progress:
         report = fuzz(search, args.out, on_run=progress.update)
@@ -56,6 +61,10 @@ def _summary(report, seconds: float) -> str:
     finding = report.finding
     if finding is None:
         return f"{head}: no failure in {report.drawn} microbatches ({counts}) in {seconds:.1f} s"
+    if finding.from_saved:
+        return "\n".join([f"{head}: the failure saved in {finding.path} still fails: {finding.signature}",
+                          f"({report.replayed} saved failure(s) replayed first, no search run; {seconds:.1f} s)",
+                          f"replay: vdpcp replay {finding.path}"])
     spec = finding.spec
     lines = [
         f"{head}: failure after {report.drawn} microbatches: {finding.signature}",
@@ -67,7 +76,7 @@ def _summary(report, seconds: float) -> str:
         lines.append("warning: this spec did not fail the same way when run again (flaky)")
     lines += [f"also failed while shrinking, differently: {sig} on {json.dumps(s.to_dict())}"
               for sig, s in report.other_failures.items()]
-    lines += [f"wrote {finding.path}", "replay: " + " ".join(["vdpcp", "replay", str(finding.path), *search.replay_flags()])]
+    lines += [f"wrote {finding.path}", f"replay: vdpcp replay {finding.path}"]
     return "\n".join(lines)
 
 

@@ -1,9 +1,11 @@
-"""`vdpcp mutants`: run the matrix against each named mutant of the sharded path and report what killed it.
+"""`vdpcp mutants`: run the matrix against each named mutant and report which case killed it.
 
-A mutant is a plausible bug applied by monkeypatching vdpcp's own modules inside the ranks (vdpcp.mutants).
-Each is first run against its own kill set (a few named matrix cases, stopping at the first kill); one that
-survives it is run against the whole matrix before it is called a survivor. Exit 0 when every mutant is
-killed, 1 when any survives, 2 on bad input.
+A mutant is a plausible bug (vdpcp.mutants): for the reference, monkeypatches of vdpcp's own sharded path;
+for any implementation (--impl), wrappers at the interface (features wrong on one rank, a rank's gradient
+dropped, a replicated loss, a rank's tower outside autograd), which show how much the matrix sees of YOUR
+code. Each is first run against its kill set (a few named cases, stopping at the first kill); one that
+survives it is run against the implementation's whole matrix before it is called a survivor. Exit 0 when
+every mutant is killed, 1 when any survives, 2 on bad input.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import io
 import time
 from pathlib import Path
 
-from vdpcp.cli import UsageError, add_run_options
+from vdpcp.cli import IMPL_HELP, UsageError, add_run_options, checked_impls
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("mutants", help=__doc__.splitlines()[0].split(": ", 1)[1], description=__doc__)
-    parser.add_argument("names", nargs="*", metavar="MUTANT", help="mutants to run (default: all)")
+    parser.add_argument("names", nargs="*", metavar="MUTANT", help="mutants to run (default: every one that applies)")
+    parser.add_argument("--impl", default="reference", metavar="IMPL",
+                        help=f"implementation to mutate (default: reference, which also has vdpcp's own named mutants): {IMPL_HELP}")
     parser.add_argument("--full", action="store_true",
                         help="search the whole matrix for every mutant, not its kill set first")
     add_run_options(parser)
@@ -34,26 +38,28 @@ def main(args) -> int:
 
     from vdpcp import report, scenarios
     from vdpcp.harness.config import configure
-    from vdpcp.mutants import MUTANTS, hunt
+    from vdpcp.hunt import hunt
+    from vdpcp.impls import BUILT_INS
+    from vdpcp.mutants import MUTANTS
     from vdpcp.runner import preload_case_modules
 
-    unknown = [n for n in args.names if n not in MUTANTS]
+    impl = checked_impls([args.impl])[0]
+    applicable = [n for n, m in MUTANTS.items() if m.generic or impl == "reference"]
+    unknown = [n for n in args.names if n not in applicable]
     if unknown:
-        raise UsageError(f"unknown mutant(s) {unknown}; expected some of {sorted(MUTANTS)}")
-    names = args.names or list(MUTANTS)
+        raise UsageError(f"unknown mutant(s) {unknown} for --impl {impl}; expected some of {sorted(applicable)}")
+    names = args.names or applicable
     if args.list:
         for name in names:
             print(f"{name}: {MUTANTS[name].bug}\n  kill set: {', '.join(MUTANTS[name].kills) or '(none)'}")
         return 0
-    matrix = scenarios.matrix()
-    by_id = {case.id: case for case in matrix}
-    missing = {n: [k for k in MUTANTS[n].kills if k not in by_id] for n in names}
-    missing = {n: ks for n, ks in missing.items() if ks}
-    if missing:
-        raise UsageError(f"kill sets name cases that are not in the matrix: {missing}")
+    # vdpcp's own named mutants patch its plan, which MCore's cases are checked against too: the reference's
+    # hunt runs the built-ins' matrix; another implementation's, its own.
+    matrix = scenarios.matrix(impls=BUILT_INS if impl == "reference" else (impl,))
+    kill_sets = {name: _kill_set(MUTANTS[name].kills, matrix, impl) for name in names}
     if args.backend is not None:
-        configure(backend=args.backend)
-    preload_case_modules()
+        configure(backend=args.backend)  # for this call only: vdpcp.cli.main scopes it
+    preload_case_modules([impl])
 
     rows = []
     progress = Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=Console(stderr=True),
@@ -67,8 +73,7 @@ def main(args) -> int:
                 progress.update(task, description=f"{name}: {case.id} {verdict}")
 
             with contextlib.redirect_stdout(io.StringIO()):  # the ranks' own output
-                kill_set = [] if args.full else [by_id[k] for k in MUTANTS[name].kills]
-                found = hunt(name, kill_set, timeout=args.timeout, on_case=show)
+                found = hunt(name, [] if args.full else kill_sets[name], timeout=args.timeout, on_case=show)
                 if not found.killed:  # survived its kill set: the whole matrix decides
                     rest = [c for c in matrix if c.id not in found.tried]
                     more = hunt(name, rest, timeout=args.timeout, on_case=show)
@@ -81,9 +86,25 @@ def main(args) -> int:
     out = report.console()
     out.print(report.mutants_table(rows, backend))
     survived = [r.hunt.mutant for r in rows if not r.hunt.killed]
-    out.print(f"{len(rows) - len(survived)} of {len(rows)} mutants killed" + (f"; SURVIVED: {', '.join(survived)}" if survived else ""))
+    out.print(f"{len(rows) - len(survived)} of {len(rows)} mutants of {impl} killed"
+              + (f"; SURVIVED: {', '.join(survived)}" if survived else ""))
     if args.json:
-        report.write_json(args.json, "mutants", [report.mutant_record(r) for r in rows], backend=backend)
+        report.write_json(args.json, "mutants", [report.mutant_record(r) for r in rows], backend=backend, impl=impl)
     if args.junit_xml:
         report.write_junit(args.junit_xml, "vdpcp mutants", [report.mutant_junit(r) for r in rows])
     return 1 if survived else 0
+
+
+def _kill_set(kills, matrix, impl: str) -> list:
+    """The mutant's kill set in ``impl``'s matrix: the same rows (scenario, CP, layout, loss), count split."""
+    from vdpcp.scenarios import matrix as full_matrix
+
+    by_id = {case.id: case for case in matrix}
+    if impl == "reference":
+        missing = [k for k in kills if k not in by_id]
+        if missing:
+            raise UsageError(f"kill set names cases that are not in the matrix: {missing}")
+        return [by_id[k] for k in kills]
+    reference = {case.id: case for case in full_matrix(impls=("reference",))}
+    wanted = [reference[k].with_(impl=impl, split="count") for k in kills if k in reference]
+    return [by_id[c.id] for c in wanted if c.id in by_id]

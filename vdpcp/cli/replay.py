@@ -1,32 +1,37 @@
-"""`vdpcp replay SPEC.json`: run one saved microbatch sharded against unsharded, exactly, on any backend.
+"""`vdpcp replay SPEC.json`: run one saved case sharded against unsharded, exactly, on any backend.
 
-Prints the plan (which rank encodes which images and placeholders), the verdict with its failure
-signature, and for an errored case the failing rank's traceback. The CP size comes from ``--cp`` or the
-spec name's ``-cp<N>`` tag (as ``vdpcp.capture`` and ``vdpcp fuzz`` write it). Exit 0 pass, 1 failure,
-2 bad spec or options, including a spec the unsharded encoder rejects too (then sharding is not to blame).
+A saved case (vdpcp.saved: what `vdpcp fuzz` writes) carries its CP size, implementation, split, dtype and
+flags, so it fails again with no flag retyped; a flag typed here overrides the file. A plain microbatch spec
+takes its CP size from --cp or the name's -cp<N> tag. Prints the plan (which rank encodes which images and
+placeholders), the verdict judged as `vdpcp check` judges it (a known upstream limit that fails the known way
+is an xfail with its reason), the failure signature against the saved one, and for an errored case the
+failing rank's traceback. Exit 0 pass or xfail, 1 failure, 2 bad spec or options, including a spec the
+unsharded encoder rejects too (then sharding is not to blame).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from vdpcp.cli import DTYPES, IMPLS, SPLITS, UsageError, add_run_options
+from vdpcp.cli import DTYPES, IMPL_HELP, SPLITS, UsageError, add_run_options, checked_impls
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("replay", help=__doc__.splitlines()[0].split(": ", 1)[1], description=__doc__)
     parser.add_argument("spec", metavar="SPEC.json", type=Path, help="a microbatch spec file")
-    parser.add_argument("--cp", type=int, default=None, help="CP ranks (default: the spec name's -cp<N> tag)")
+    parser.add_argument("--cp", type=int, default=None, help="CP ranks (default: the file's case.cp, else the name's -cp<N> tag)")
+    parser.add_argument("--outputs-only", action="store_true", help="check the outputs alone (no backward)")
     add_case_arguments(parser)
     parser.set_defaults(func=main)
 
 
 def add_case_arguments(parser) -> None:
-    """Options shared with `vdpcp fuzz`: how a case departs from the feature as specified, and where it runs."""
-    parser.add_argument("--impl", choices=IMPLS, default="reference", help="sharded implementation (default: reference)")
-    parser.add_argument("--split", choices=SPLITS, default="count", help="split strategy of the reference (default: count)")
-    parser.add_argument("--dtype", choices=DTYPES, default="float64", help="dtype of the case (default: float64)")
-    parser.add_argument("--no-even-pad", dest="even_pad", action="store_false",
+    """Options shared with `vdpcp fuzz`: how a case departs from the feature as specified, and where it runs.
+    Each defaults to None, so a saved case's own setting holds unless the flag is typed."""
+    parser.add_argument("--impl", default=None, metavar="IMPL", help=f"implementation under test (default: reference): {IMPL_HELP}")
+    parser.add_argument("--split", choices=SPLITS, default=None, help="split strategy (default: count)")
+    parser.add_argument("--dtype", choices=DTYPES, default=None, help="dtype of the case (default: float64)")
+    parser.add_argument("--no-even-pad", dest="even_pad", action="store_const", const=False, default=None,
                         help="switch off even-grid padding: the pixel shuffle then rejects odd (placeholder) grids")
     parser.add_argument("--mutant", default=None, metavar="NAME", help="apply a named mutant of the sharded path (see vdpcp.mutants)")
     add_run_options(parser)
@@ -39,44 +44,39 @@ def check_mutant(name: str | None) -> None:
         raise UsageError(f"--mutant {name}: unknown mutant; expected one of {sorted(MUTANTS)}")
 
 
-def preload_for(impl: str) -> None:
-    """MCore cases: rank workers start with megatron.core imported (a faulted case respawns them)."""
-    if impl == "mcore":
-        from vdpcp.runner import preload_case_modules
+def load_saved(path: Path, cp: int | None = None, **options):
+    """(the Case a saved file describes, with typed options winning; the signature it was saved with).
+    UsageError naming the file and field on a bad file, option or CP size."""
+    from vdpcp import saved
+    from vdpcp.spec import SpecError
 
-        preload_case_modules()
+    try:
+        found = saved.load(path)
+        case = found.to_case(cp=cp, **options)
+    except SpecError as err:
+        raise UsageError(str(err)) from None
+    if case.cp < 1:
+        raise UsageError(f"--cp {case.cp}: expected a positive number of ranks")
+    checked_impls([case.impl])
+    check_mutant(case.mutant)
+    return case, found.signature
 
 
 def load_case(path: Path, cp: int | None = None, **options):
-    """The Case a spec file describes; UsageError (naming the file and field) on a bad file or CP size."""
-    from vdpcp.capture import cp_from_name
-    from vdpcp.case import Case
-    from vdpcp.spec import MicrobatchSpec, SpecError
-
-    try:
-        spec = MicrobatchSpec.load(path)
-    except SpecError as err:
-        raise UsageError(str(err)) from None
-    if cp is None:
-        cp = cp_from_name(spec.name)
-        if cp is None:
-            raise UsageError(f"{path}: field 'name' = {spec.name!r} has no -cp<N> tag; pass --cp N")
-    if cp < 1:
-        raise UsageError(f"--cp {cp}: expected a positive number of ranks")
-    check_mutant(options.get("mutant"))
-    return Case(spec, cp, **options)
+    return load_saved(path, cp, **options)[0]
 
 
 def plan_lines(case) -> list[str]:
     """Which rank encodes which media, frames and placeholders; what the gather drops."""
     from dataclasses import replace
 
+    from vdpcp.impls import resolve
     from vdpcp.sharded import plan_for, row_runs
 
     spec = case.spec
     if not case.config.shard_vision:
         return [f"not sharded: every rank encodes all {len(spec.images)} rows"]
-    config = case.config if case.impl == "reference" else replace(case.config, strategy="count")
+    config = case.config if case.split in resolve(case.impl).splits else replace(case.config, strategy="count")
     plan = plan_for(spec, config)
     owner = _row_owners(spec.media_frames)
     lines = [
@@ -92,16 +92,24 @@ def plan_lines(case) -> list[str]:
     return lines
 
 
-def report(result, path: Path | None = None) -> str:
+def report(judged, path: Path | None = None, saved_signature: str | None = None) -> str:
     """The whole replay: case, plan, verdict and signature, failures, and the failing rank's traceback."""
     from vdpcp.fuzz import failing_rank, signature
 
+    result = judged.result
     case = result.case
-    spec = case.spec
-    lines = [f"replay {path or spec.name}: {case.id}", f"spec: {spec.to_dict()}"]
+    lines = [f"replay {path or case.spec.name}: {case.id} (on {result.backend}, {result.device})",
+             f"spec: {case.spec.to_dict()}"]
     lines += plan_lines(case)
     sig = signature(result)
-    lines.append(f"verdict: {result.verdict}" + (f" ({sig})" if sig else ""))
+    lines.append(f"verdict: {judged.verdict}" + (f" ({judged.why})" if judged.why else ""))
+    if sig:
+        lines.append(f"signature: {sig}")
+    if saved_signature is not None:
+        same = "the same as" if sig == saved_signature else "NOT the same as"
+        lines.append(f"{same} the saved signature: {saved_signature}")
+    if judged.verdict == "xfail" and case.grads:
+        lines.append(f"the outputs alone can still be checked: vdpcp replay {path or '...'} --outputs-only")
     if result.verdict == "error":
         rank, what, traceback = failing_rank(result)
         lines.append(f"failing rank {rank}: {what}")
@@ -112,17 +120,18 @@ def report(result, path: Path | None = None) -> str:
 
 
 def main(args) -> int:
-    from vdpcp.runner import run_case
+    from vdpcp.runner import preload_case_modules, run_judged
 
-    case = load_case(args.spec, args.cp, impl=args.impl, split=args.split, dtype=args.dtype,
-                     even_pad=args.even_pad, mutant=args.mutant)
-    preload_for(case.impl)
-    result = run_case(case, backend=args.backend, timeout=args.timeout)
-    print(report(result, args.spec))
-    if result.verdict == "unsharded-error":
+    case, saved_signature = load_saved(args.spec, args.cp, impl=args.impl, split=args.split, dtype=args.dtype,
+                                       even_pad=args.even_pad, mutant=args.mutant,
+                                       grads=False if args.outputs_only else None)
+    preload_case_modules([case.impl])
+    judged = run_judged(case, backend=args.backend, timeout=args.timeout)
+    print(report(judged, args.spec, saved_signature))
+    if judged.verdict == "unsharded-error":
         raise UsageError(f"{args.spec}: the unsharded encoder rejects this spec too "
-                         f"({result.ranks[0].unsharded_error}), so it says nothing about sharding")
-    return 0 if result.passed else 1
+                         f"({judged.result.ranks[0].unsharded_error}), so it says nothing about sharding")
+    return 0 if judged.passing else 1
 
 
 def _row_owners(media_frames) -> list[tuple[int, int]]:

@@ -1,0 +1,69 @@
+"""What a case is expected to do, and the one ``judge`` that every entry point uses to call its result.
+
+Expectations are decided from the case's shape, its implementation and the backend it ran on, never from a
+previous run:
+- pass, for almost everything;
+- the documented error on every rank, for a config CP that disagrees with the process group;
+- a strict xfail for a known upstream limit the implementation declares, which must fail in exactly the
+  known way (an unexpected pass means the limit is gone and the declaration must be updated).
+"""
+
+from __future__ import annotations
+
+import re
+
+from vdpcp.case import Case
+from vdpcp.impls import GROUP_MISMATCH_TEXT, KnownLimit, resolve
+
+PASSING = ("pass", "xfail")
+# A case expected to fail a known way has one rank raise while the others wait in the collective: the raising
+# rank's error is all the verdict needs, so the others get this long, not the harness's default grace.
+KNOWN_LIMIT_GRACE_S = 0.5
+
+
+def known_limit(case: Case, backend: str) -> KnownLimit | None:
+    """The upstream limit this case runs into on ``backend`` ("gloo" or "nccl"), as its implementation says."""
+    if case.config_cp is not None:
+        return None  # a mismatch must raise the documented error, whatever else the case would run into
+    return resolve(case.impl).known_limit(case, backend)
+
+
+def expects_group_error(case: Case) -> bool:
+    return case.config_cp is not None and case.config_cp != case.cp
+
+
+def group_error_problems(case: Case, text: str) -> list[str]:
+    """What the failure text of a process-group mismatch case lacks: the documented error from every rank."""
+    problems = []
+    if GROUP_MISMATCH_TEXT not in text:
+        problems.append(f"no rank reported {GROUP_MISMATCH_TEXT!r}")
+    for size in (f"context_parallel_size={case.config_cp}", f"{case.cp} ranks"):
+        if size not in text:
+            problems.append(f"the error does not name {size!r}")
+    headline = text.splitlines()[0] if text else ""
+    for rank in range(case.world_size):
+        if not re.search(rf"rank {rank} raised [\w.]*(Error|Exception): [^;]*{GROUP_MISMATCH_TEXT}", headline):
+            problems.append(f"rank {rank} did not raise the documented error")
+    if "hung" in headline:
+        problems.append("a rank hung")
+    return problems
+
+
+def judge(result) -> tuple[str, str]:
+    """(verdict, why) of a CaseResult against the case's expectation, on the backend it ran on.
+
+    Verdicts: pass, fail, error (as the runner says), xfail (a known limit failed the known way), xpass (a
+    strict xfail passed: the limit is gone). Only pass and xfail count as passing.
+    """
+    case = result.case
+    if expects_group_error(case):
+        problems = group_error_problems(case, result.error or "")
+        return ("pass", "the documented error on every rank") if not problems else ("fail", "; ".join(problems))
+    limit = known_limit(case, result.backend)
+    if limit is None:
+        return result.verdict, ""
+    if result.passed:
+        return "xpass", f"expected to fail ({limit.name}) but passed: {limit.reason}"
+    if limit.signature in result.summary():
+        return "xfail", f"{limit.name}: {limit.reason}"
+    return result.verdict, f"expected {limit.name} ({limit.signature!r}) but failed otherwise"

@@ -1,0 +1,76 @@
+"""Implementations under test, found by name or by ``module:object``.
+
+``resolve("reference")`` looks the name up in the ``vdpcp.implementations`` entry-point group (vdpcp's own
+built-ins are there: reference, mcore, qwen2_5_vl; an installed package adds its own); anything with a
+colon is imported: ``resolve("my_vlm.vision_dp:impl")``. A bad target raises ImplError, one line naming the
+target and what was expected. Rank workers resolve the same string, so a case carries the string, never
+the object.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from importlib.metadata import entry_points
+
+from vdpcp.impls.base import (
+    GROUP_MISMATCH_TEXT,
+    REQUIRED,
+    Adapted,
+    GroupMismatchError,
+    Implementation,
+    KnownLimit,
+    Ownership,
+    check_group,
+)
+
+GROUP = "vdpcp.implementations"
+BUILT_INS = ("reference", "mcore")  # what `vdpcp check` runs when no --impl is given
+
+__all__ = ["GROUP_MISMATCH_TEXT", "GroupMismatchError", "ImplError", "Implementation", "KnownLimit", "Ownership",
+           "available", "check_group", "resolve"]
+
+
+class ImplError(ValueError):
+    """An --impl target that is not an implementation: the message names it and says what was expected."""
+
+
+def available() -> dict[str, str]:
+    """Registered implementation names -> their ``module:object`` targets."""
+    return {ep.name: ep.value for ep in entry_points(group=GROUP)}
+
+
+@functools.cache
+def resolve(target: str) -> Implementation:
+    """The implementation ``target`` names (a registered name, or ``module:object``)."""
+    registered = available()
+    if target in registered:
+        path = registered[target]
+    elif ":" in target:
+        path = target
+    else:
+        raise ImplError(f"--impl {target}: not a registered implementation ({', '.join(sorted(registered))}) "
+                        f"and not a module:object target")
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ImplError(f"--impl {target}: cannot import module {module_name!r} ({err})") from None
+    subject = module
+    for part in attr.split("."):
+        if not hasattr(subject, part):
+            raise ImplError(f"--impl {target}: module {module_name!r} has no attribute {attr!r}")
+        subject = getattr(subject, part)
+    return _as_implementation(target, subject)
+
+
+def _as_implementation(target: str, subject) -> Implementation:
+    if isinstance(subject, type) and issubclass(subject, Implementation):
+        subject = subject()  # a class with no arguments is as good as its instance
+    if isinstance(subject, Implementation):
+        return subject
+    missing = [attr for attr in REQUIRED if not hasattr(subject, attr)]
+    if missing:
+        raise ImplError(f"--impl {target}: {type(subject).__name__} object is not an implementation of vision DP over "
+                        f"CP (missing {', '.join(missing)}; expected a vdpcp.impls.Implementation)")
+    return Adapted(subject)

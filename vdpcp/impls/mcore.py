@@ -1,0 +1,127 @@
+"""MCore's own helpers as an Implementation: split_to_context_parallel_ranks_dynamic_res and
+gather_from_context_parallel_ranks_dynamic_res around vdpcp's tower. MCore is code under test here: it is
+called, never patched.
+
+MCore resolves the CP group from its global parallel_state, not from the group it is handed, so the adapter
+sets parallel_state up for the group's size (tensor and pipeline parallel 1; data parallel takes the rest of
+the world) and raises the documented mismatch error when the group handed in is not MCore's CP group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import torch.distributed as dist
+
+from vdpcp.impls.base import GROUP_MISMATCH_TEXT, GroupMismatchError, Implementation, KnownLimit, check_group
+from vdpcp.model import output_tokens
+from vdpcp.plan import mcore_gives_up
+from vdpcp.sharded import encode_unsharded, ownership, plan_for, real_tokens
+
+PLACEHOLDER_TOKENS = output_tokens((1, 1))  # a P x P placeholder: a 1x1 grid, padded to 2x2, one token
+
+GLOO_GATHER_BACKWARD = KnownLimit(
+    "gloo-gather-backward",
+    "MCore's gather_from_context_parallel_ranks_dynamic_res backward runs torch.distributed.nn's all_to_all, "
+    "which on gloo is a scatter that needs equal tensor sizes: it fails when CP ranks hold different token "
+    "counts (runs for real on NCCL)",
+    "ProcessGroupGloo::scatter: invalid tensor size",
+    grads_only=True,
+)
+GLOO_ALL_TO_ALL_SUBGROUP = KnownLimit(
+    "gloo-all-to-all-subgroup",
+    "MCore's gather runs torch.distributed.nn.functional.all_to_all, whose gloo fallback scatters from group "
+    "rank i passed as if it were global rank i: on any CP group but the first (data parallelism around CP) it "
+    "raises in the forward (runs for real on NCCL)",
+    "is not part of group",
+)
+MCORE_EMPTY_MICROBATCH = KnownLimit(
+    "mcore-empty-microbatch",
+    "MCore 0.19.2 pads an empty microbatch to one placeholder per rank, then its gather drops every rank's "
+    "output and torch.cat gets an empty list",
+    "expected a non-empty list of Tensors",
+)
+MCORE_TUBELET_GIVE_UP = KnownLimit(
+    "mcore-tubelet-give-up",
+    "MCore 0.19.2's tubelet-aware split still leaves a rank empty after its re-plans and then cuts, drops or "
+    "misplaces real frames (see vdpcp.plan.mcore_gives_up)",
+    "",  # any failure: outputs of the wrong shape, or a rank that raised
+)
+
+
+def ensure_parallel_state(cp_size: int) -> None:
+    """Initialise MCore's model-parallel groups for ``cp_size``, reusing them when already set up."""
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized() and ps.get_context_parallel_world_size() == cp_size:
+        return
+    ps.destroy_model_parallel()
+    ps.initialize_model_parallel(context_parallel_size=cp_size)
+
+
+def rank_tokens(spec, config) -> list[int]:
+    """Output tokens each rank's encoder yields under MCore's count plan, placeholders included."""
+    plan = plan_for(spec, replace(config, strategy="count"))
+    return [real + PLACEHOLDER_TOKENS * s.num_placeholders for real, s in zip(real_tokens(plan), plan.shards)]
+
+
+class MCore(Implementation):
+    name = "mcore"
+    splits = ("count",)
+    preload = ("megatron.core.parallel_state", "megatron.core.models.multimodal.context_parallel",
+               "megatron.core.packed_seq_params")
+
+    def encode(self, model, batch):
+        return encode_unsharded(model, batch)
+
+    def encode_sharded(self, model, batch, config, group):
+        from megatron.core import parallel_state as ps
+        from megatron.core.models.multimodal.context_parallel import (
+            gather_from_context_parallel_ranks_dynamic_res,
+            split_to_context_parallel_ranks_dynamic_res,
+        )
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        ensure_parallel_state(dist.get_world_size(group))  # MCore's groups follow the world; the config may disagree
+        check_group(config, ps.get_context_parallel_world_size(), self.name)
+        handed, mcores = dist.get_process_group_ranks(group), ps.get_context_parallel_global_ranks()
+        if list(handed) != list(mcores):
+            raise GroupMismatchError(f"{self.name}: {GROUP_MISMATCH_TEXT}: MCore's parallel_state CP group is ranks "
+                                     f"{list(mcores)}, the group handed in is ranks {list(handed)}")
+        if not config.shard_vision:
+            return encode_unsharded(model, batch)
+        spec = batch.spec
+        T = spec.temporal_patch_size
+        local, local_sizes, _, _, num_padded_ranks, local_frames = split_to_context_parallel_ranks_dynamic_res(
+            batch.patches,
+            batch.imgs_sizes,
+            PackedSeqParams(cu_seqlens_q=batch.cu_seqlens, cu_seqlens_kv=batch.cu_seqlens, qkv_format="thd"),
+            patch_dim=spec.patch_dim,
+            num_frames=torch.tensor(spec.media_frames) if T > 1 else None,
+            temporal_patch_size=T,
+        )
+        projected = model.project(model.encode(local, local_sizes, local_frames))
+        return gather_from_context_parallel_ranks_dynamic_res(projected, num_padded_ranks)
+
+    def plan(self, spec, config):
+        """MCore always splits by count: vdpcp's count plan, which is parity-tested against MCore's split."""
+        return ownership(plan_for(spec, replace(config, strategy="count"))) if config.shard_vision else None
+
+    def known_limit(self, case, backend: str) -> KnownLimit | None:
+        config = case.config
+        if not config.shard_vision or case.config_cp is not None:
+            return None
+        spec = case.spec
+        if not spec.images:
+            return MCORE_EMPTY_MICROBATCH
+        if spec.temporal_patch_size > 1 and mcore_gives_up(spec.media_frames, case.cp, spec.temporal_patch_size):
+            return MCORE_TUBELET_GIVE_UP
+        if backend == "gloo" and case.dp * case.tp > 1:
+            return GLOO_ALL_TO_ALL_SUBGROUP
+        if case.grads and backend == "gloo" and len(set(rank_tokens(spec, config))) > 1:
+            return GLOO_GATHER_BACKWARD
+        return None
+
+
+mcore = MCore()

@@ -1,0 +1,101 @@
+"""The matrix in a test suite: pytest params, a unittest helper, and the one assertion a case needs.
+
+pytest (vdpcp's plugin parametrizes any test that takes ``vdpcp_case`` with the matrix of ``--vdpcp-impl``,
+default the built-ins)::
+
+    def test_vision_dp_over_cp(vdpcp_case):
+        assert_case(vdpcp_case)
+
+or, for one implementation regardless of the command line::
+
+    @pytest.mark.parametrize("case", params("my_vlm.vision_dp:impl", cps=(1, 2, 4)))
+    def test_my_encoder(case):
+        assert_case(case)
+
+unittest (torch's distributed tests are unittest): one named method per case, through ``parameterized``::
+
+    class TestMyEncoder(unittest.TestCase):
+        @expand("my_vlm.vision_dp:impl", cps=(1, 2))
+        def test(self, _, case):
+            assert_case(case)
+
+A known upstream limit the implementation declares is a strict xfail: in pytest an xfail mark (an
+unexpected pass fails), in unittest a skip that says "xfail: ..." (an unexpected pass fails).
+"""
+
+from __future__ import annotations
+
+import re
+
+from vdpcp import expectations, scenarios
+from vdpcp.case import Case
+from vdpcp.harness import BackendUnavailable
+from vdpcp.harness.config import resolve_backend
+
+
+class KnownUpstreamLimit(AssertionError):
+    """A case failed exactly the way a known upstream limit says it must (a strict xfail's expected outcome)."""
+
+
+def backend_for(case: Case) -> str:
+    """The backend the harness picks for this case here; forced NCCL without GPUs skips, so call it nccl."""
+    try:
+        return resolve_backend(None, case.world_size)
+    except BackendUnavailable:
+        return "nccl"
+
+
+def cases(impl: str, cps=scenarios.CP_SIZES, **filters) -> list[Case]:
+    """The matrix for one implementation: every scenario, layout and special row at ``cps``."""
+    return scenarios.matrix(cps=tuple(cps), impls=(impl,), **filters)
+
+
+def param(case: Case):
+    """The case as a pytest param named by its id, a strict xfail where a known limit applies here."""
+    import pytest
+
+    limit = expectations.known_limit(case, backend_for(case))
+    marks = [pytest.mark.xfail(strict=True, raises=KnownUpstreamLimit, reason=limit.reason)] if limit else []
+    return pytest.param(case, id=case.id, marks=marks)
+
+
+def params(impl: str, cps=scenarios.CP_SIZES, **filters) -> list:
+    return [param(case) for case in cases(impl, cps, **filters)]
+
+
+def assert_case(case: Case) -> None:
+    """Run the case and judge it: pass, or fail with its summary; a known limit that failed the known way
+    raises KnownUpstreamLimit (what its strict xfail mark expects)."""
+    from vdpcp.runner import run_judged
+
+    expected = backend_for(case)
+    judged = run_judged(case)
+    result = judged.result
+    assert result.backend == expected, (
+        f"the case was marked for {expected} but ran on {result.backend}: a setting leaked between tests")
+    if judged.verdict == "xfail":
+        raise KnownUpstreamLimit(f"{judged.why}\n{result.summary()}")
+    assert judged.verdict == "pass", f"{judged.verdict}: {judged.why}\n{result.summary()}".strip()
+
+
+def expand(impl: str, cps=scenarios.CP_SIZES, **filters):
+    """A ``parameterized.expand`` decorator: one unittest method per case, named ``<method>_<case id>``; the
+    method receives (id, case). A known limit's expected failure is a skip saying so; its pass is a failure."""
+    from parameterized import parameterized
+
+    def name(func, _num, param):
+        return f"{func.__name__}_{re.sub(r'\W', '_', param.args[0])}"
+
+    def decorate(method):
+        def run(self, case_id, case):
+            try:
+                method(self, case_id, case)
+            except KnownUpstreamLimit as limit:
+                import unittest
+
+                raise unittest.SkipTest(f"xfail (strict): {str(limit).splitlines()[0]}") from None
+
+        run.__name__ = method.__name__
+        return parameterized.expand([(c.id, c) for c in cases(impl, cps, **filters)], name_func=name)(run)
+
+    return decorate
