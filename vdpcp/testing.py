@@ -26,6 +26,7 @@ unexpected pass fails), in unittest a skip that says "xfail: ..." (an unexpected
 from __future__ import annotations
 
 import re
+import sys
 
 from vdpcp import expectations, scenarios
 from vdpcp.case import Case
@@ -96,6 +97,9 @@ def expand(impl: str, cps=scenarios.CP_SIZES, **filters):
                 raise unittest.SkipTest(f"xfail (strict): {str(limit).splitlines()[0]}") from None
 
         run.__name__ = method.__name__
-        return parameterized.expand([(c.id, c) for c in cases(impl, cps, **filters)], name_func=name)(run)
+        # parameterized adds one method per case to the namespace it is called from: here, the class body
+        class_body = sys._getframe(1).f_locals
+        return parameterized.expand([(c.id, c) for c in cases(impl, cps, **filters)], name_func=name,
+                                    namespace=class_body)(run)
 
     return decorate

@@ -7,6 +7,7 @@ Each subcommand module defines ``register(subparsers)``, which adds its parser a
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -57,12 +58,17 @@ def main(argv=None) -> int:
     from vdpcp.harness.config import configured
 
     args = build_parser().parse_args(argv)
+    path = list(sys.path)
     try:
+        # --impl module:object names a module of the project it is run from, as `python -m` would find it
+        sys.path.insert(0, os.getcwd())
         with configured():  # whatever a subcommand configures (backend, preload) ends with it
             return int(args.func(args) or 0)
     except UsageError as err:
         print(f"vdpcp {args.command}: {err}", file=sys.stderr)
         return 2
+    finally:
+        sys.path[:] = path
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import importlib
 from importlib.metadata import entry_points
 
 from vdpcp.impls.base import (
+    GLOO_NN_SUBGROUP,
     GROUP_MISMATCH_TEXT,
     REQUIRED,
     Adapted,
@@ -27,7 +28,7 @@ from vdpcp.impls.base import (
 GROUP = "vdpcp.implementations"
 BUILT_INS = ("reference", "mcore")  # what `vdpcp check` runs when no --impl is given
 
-__all__ = ["GROUP_MISMATCH_TEXT", "GroupMismatchError", "ImplError", "Implementation", "KnownLimit", "Ownership",
+__all__ = ["GLOO_NN_SUBGROUP", "GROUP_MISMATCH_TEXT", "GroupMismatchError", "ImplError", "Implementation", "KnownLimit", "Ownership",
            "available", "check_group", "resolve"]
 
 

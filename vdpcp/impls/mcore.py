@@ -14,7 +14,14 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from vdpcp.impls.base import GROUP_MISMATCH_TEXT, GroupMismatchError, Implementation, KnownLimit, check_group
+from vdpcp.impls.base import (
+    GLOO_NN_SUBGROUP,
+    GROUP_MISMATCH_TEXT,
+    GroupMismatchError,
+    Implementation,
+    KnownLimit,
+    check_group,
+)
 from vdpcp.model import output_tokens
 from vdpcp.plan import mcore_gives_up
 from vdpcp.sharded import encode_unsharded, ownership, plan_for, real_tokens
@@ -28,13 +35,6 @@ GLOO_GATHER_BACKWARD = KnownLimit(
     "counts (runs for real on NCCL)",
     "ProcessGroupGloo::scatter: invalid tensor size",
     grads_only=True,
-)
-GLOO_ALL_TO_ALL_SUBGROUP = KnownLimit(
-    "gloo-all-to-all-subgroup",
-    "MCore's gather runs torch.distributed.nn.functional.all_to_all, whose gloo fallback scatters from group "
-    "rank i passed as if it were global rank i: on any CP group but the first (data parallelism around CP) it "
-    "raises in the forward (runs for real on NCCL)",
-    "is not part of group",
 )
 MCORE_EMPTY_MICROBATCH = KnownLimit(
     "mcore-empty-microbatch",
@@ -118,7 +118,7 @@ class MCore(Implementation):
         if spec.temporal_patch_size > 1 and mcore_gives_up(spec.media_frames, case.cp, spec.temporal_patch_size):
             return MCORE_TUBELET_GIVE_UP
         if backend == "gloo" and case.dp * case.tp > 1:
-            return GLOO_ALL_TO_ALL_SUBGROUP
+            return GLOO_NN_SUBGROUP  # its gather is torch.distributed.nn.functional.all_to_all
         if case.grads and backend == "gloo" and len(set(rank_tokens(spec, config))) > 1:
             return GLOO_GATHER_BACKWARD
         return None
