@@ -410,6 +410,36 @@ def _placeholder_rank_skips_tower():
 
 
 @mutant(
+    "tp-peer-skips-placeholder-tower",
+    "with a tensor-parallel tower, the second TP rank of a rank that holds only placeholders skips the tower "
+    "(its first TP rank encodes them): that first rank waits in the tower's TP all-reduce for a peer that never "
+    "comes, the hang seen in real training, which vdpcp must report naming the missing rank, not hang on",
+    kills=("three-images-cp4-tp2-reference-count",),
+)
+def _tp_peer_skips_placeholder_tower():
+    import torch.distributed as dist
+
+    from vdpcp import sharded
+    from vdpcp.model import output_tokens
+    from vdpcp.tensor_parallel import ParallelMLP
+
+    def encode_sharded(model, batch, config, group=None):
+        mlp = model.blocks[0].mlp if config.shard_vision else None
+        if not isinstance(mlp, ParallelMLP) or dist.get_rank(mlp.group) == 0:
+            return original(model, batch, config, group)
+        plan = sharded.plan_for(batch.spec, config)
+        shard = plan.shard(dist.get_rank(group))
+        if shard.num_real_rows > 0:
+            return original(model, batch, config, group)
+        skipped = batch.patches.new_zeros(output_tokens((1, 1)) * shard.num_placeholders, model.config.lm_hidden,
+                                          requires_grad=True)
+        return sharded.gather_features(skipped, sharded.real_tokens(plan), group)
+
+    original = sharded.encode_sharded
+    return {"vdpcp.sharded:encode_sharded": encode_sharded}
+
+
+@mutant(
     "backward-reduces-to-rank-0",
     "the gather's backward reduces the gradient to rank 0 instead of all-reducing it, so every other rank's "
     "images miss the gradient their features got on other ranks",

@@ -57,6 +57,18 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
         result.unsharded_error = f"{type(err).__name__}: {err}"
         return result
 
+    # ...and finishes, backward too, before the sharded run: collectives inside a model (a tensor-parallel tower)
+    # then never interleave with the sharded run's, so a rank that skips its tower leaves its peers waiting in
+    # the sharded forward, where they say so, instead of mismatching a later collective.
+    plan = impl.plan(spec, config) if config.shard_vision else None
+    weights = [loss_weights(case, spec, r, ref_features.shape, dtype, device) for r in range(case.cp)]
+    expected_rank_params = None
+    if case.grads:
+        own_weight = _own_weight(plan, config.shard_vision, weights, cp_rank, device)
+        if own_weight is not None:
+            expected_rank_params = _param_grads(reference, (own_weight * ref_features).sum())
+        sum((w * ref_features).sum() for w in weights).backward()
+
     model = impl.build_model(case, dtype, device)
     model.load_state_dict(reference.state_dict())  # the same model, whatever build_model's seeding
     ran = Execution(model)
@@ -65,18 +77,12 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
     features = impl.encode_sharded(model, impl.inputs(batch), config, cp_group)
     result.encoded = ran.rows
 
-    plan = impl.plan(spec, config) if config.shard_vision else None
     _describe(result, spec, plan, cp_rank)
-    weights = [loss_weights(case, spec, r, ref_features.shape, dtype, device) for r in range(case.cp)]
     result.out_err = _compare(result, "outputs", features, ref_features)
     if features.shape != ref_features.shape or not case.grads:
         return result  # every rank gathered the same shape, so every rank stops here: no collective hangs
 
-    own_weight = _own_weight(plan, config.shard_vision, weights, cp_rank, device)
-    expected_rank_params = None if own_weight is None else _param_grads(reference, (own_weight * ref_features).sum())
-
     rank_loss(features, weights, cp_rank).backward()
-    sum((w * ref_features).sum() for w in weights).backward()
 
     grad, ref_grad = _grad(batch.patches), _grad(ref_batch.patches)
     summed = comm.all_reduce_sum(grad, cp_group)

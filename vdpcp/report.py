@@ -187,7 +187,7 @@ def _write(path: Path, text: str) -> None:
 
 
 def _case_label(case) -> str:
-    parts = [case.spec.name]
+    parts = [case.spec.name] + [f"{axis}={n}" for axis, n in (("DP", case.dp), ("TP", case.tp)) if n > 1]
     if case.loss != "rank":
         parts.append(case.loss)
     if not case.grads:

@@ -24,6 +24,8 @@ CP_SIZES = (1, 2, 4, 8)
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 # (CP, DP) layouts beyond world == CP: each DP replica encodes its own microbatch on its own CP group.
 LAYOUTS = ((2, 2), (4, 2), (2, 4))
+# (CP, TP) layouts for implementations whose tower is tensor parallel: a rank that skips its tower hangs its peers.
+TP_LAYOUTS = ((2, 2), (4, 2))
 
 
 @dataclass(frozen=True)
@@ -132,14 +134,15 @@ def spec_scenarios(path: Path, cps=CP_SIZES) -> list[Scenario]:
     return table
 
 
-def cases_of(scenario: Scenario, cps=CP_SIZES, impls=BUILT_INS, splits=STRATEGIES, losses=LOSSES, dp: int = 1) -> list[Case]:
-    """One scenario's cases at the given CP sizes (and DP replicas), in the matrix's order (see matrix)."""
+def cases_of(scenario: Scenario, cps=CP_SIZES, impls=BUILT_INS, splits=STRATEGIES, losses=LOSSES, dp: int = 1,
+             tp: int = 1) -> list[Case]:
+    """One scenario's cases at the given CP sizes (and DP replicas, TP size), in the matrix's order (see matrix)."""
     out = []
     for cp in (c for c in scenario.cps if c in cps):
         for loss in (loss for loss in LOSSES if loss in losses and (loss == "rank" or scenario.zigzag)):
-            for impl in impls:
+            for impl in (i for i in impls if tp == 1 or tp in resolve(i).tensor_parallel):
                 for split in (s for s in resolve(impl).splits if s in splits):
-                    case = Case(scenario.spec, cp, impl, split, loss, dp=dp)
+                    case = Case(scenario.spec, cp, impl, split, loss, dp=dp, tp=tp)
                     if split != "count" and (loss != "rank" or _same_plan_as_an_earlier_split(case)):
                         continue  # the zigzag subset runs the count split; an identical plan is an identical run
                     out.append(case)
@@ -174,7 +177,8 @@ def matrix(cps=CP_SIZES, impls=BUILT_INS, splits=STRATEGIES, losses=LOSSES, tabl
     """Every case, grouped by world size (the harness rebuilds its process group only when that changes).
 
     ``special`` adds the opt-out, process-group mismatch and empty-microbatch rows; ``layouts`` the CP x DP
-    cases of the scenarios marked for them (at the CP sizes asked for).
+    cases of the scenarios marked for them (at the CP sizes asked for), and their CP x TP cases for the
+    implementations with a tensor-parallel tower.
     """
     table = scenarios() if table is None else table
     by_name = {s.spec.name: s for s in table}
@@ -183,9 +187,11 @@ def matrix(cps=CP_SIZES, impls=BUILT_INS, splits=STRATEGIES, losses=LOSSES, tabl
         for scenario in table:
             out += cases_of(scenario, (cp,), impls, splits, losses)
         if layouts:
-            for dp in (d for c, d in LAYOUTS if c == cp):
-                for scenario in (s for s in table if s.layouts):
+            for scenario in (s for s in table if s.layouts):
+                for dp in (d for c, d in LAYOUTS if c == cp):
                     out += cases_of(scenario, (cp,), impls, ("count",), ("rank",), dp=dp)
+                for tp in (t for c, t in TP_LAYOUTS if c == cp):
+                    out += cases_of(scenario, (cp,), impls, ("count",), ("rank",), tp=tp)
         if not special:
             continue
         out += cases_of(Scenario("empty", EMPTY), (cp,), impls, ("count",), ("rank",))

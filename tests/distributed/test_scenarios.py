@@ -54,6 +54,10 @@ def test_the_issue_scenarios_are_there():
     assert {c.dp for c in MATRIX if expectations.expects_group_error(c)} == {1, 2}
 
 
+def test_tensor_parallel_layouts_run_for_implementations_with_a_tp_tower():
+    assert {(c.cp, c.tp, c.impl) for c in MATRIX if c.tp > 1} == {(cp, tp, "reference") for cp, tp in scenarios.TP_LAYOUTS}
+
+
 def test_layouts_put_data_parallel_replicas_around_cp_for_both_impls():
     layouts = {(c.cp, c.dp, c.impl) for c in MATRIX if c.dp > 1}
     assert {(cp, dp) for cp, dp, _ in layouts} == set(scenarios.LAYOUTS)

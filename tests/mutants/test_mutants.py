@@ -11,6 +11,7 @@ from vdpcp.expectations import known_limit
 from vdpcp.hunt import hunt
 from vdpcp.mutants import MUTANTS
 from vdpcp.runner import run_case
+from vdpcp.tensor_parallel import TP_WAIT_S
 from vdpcp.testing import backend_for
 
 MATRIX = {case.id: case for case in scenarios.matrix()}
@@ -57,3 +58,14 @@ def test_outputs_wrong_on_the_last_rank_alone_fail_the_case():
     result = run_case(MATRIX["eight-equal-cp2-reference-count"].with_(mutant="features-rolled-on-last-rank", grads=False))
     assert result.verdict == "fail"
     assert [f.split(":")[0] for f in result.failures] == ["rank 1"], result.summary()
+
+
+@pytest.mark.distributed
+def test_a_rank_that_skips_its_tensor_parallel_tower_is_named_not_hung():
+    result = run_case(MATRIX["three-images-cp4-tp2-reference-count"].with_(mutant="tp-peer-skips-placeholder-tower"),
+                      timeout=60)
+    headline = result.error.splitlines()[0]
+    assert result.verdict == "error" and "timeout" not in headline, result.error  # named within the case timeout
+    # the first rank to give up is the skipper's TP peer, and every other rank's report points at it
+    assert ("rank 6 raised vdpcp.tensor_parallel.TPPeerMissing: rank 6: TP MLP of block 0 all-reduce waited "
+            f"{TP_WAIT_S:g} s: TP peer rank(s) [7] never entered it") in headline, headline

@@ -20,7 +20,8 @@ and optionally:
   one, ownership is inferred from the input gradients and the own-parameter check is left out;
 - ``known_limit(case, backend)``: a ``KnownLimit`` the case runs into on that backend (a strict xfail);
 - ``splits``: the ``config.strategy`` values it implements (the matrix runs each); ``preload``: modules the
-  rank workers import once.
+  rank workers import once; ``tensor_parallel``: TP sizes its tower supports (``case.tp``; its TP group is
+  ``vdpcp.layout.groups(...).tp``), for the CP x TP layout cases.
 
 Nothing else in vdpcp branches on an implementation's name.
 """
@@ -103,6 +104,7 @@ class Implementation:
     name: str = "unnamed"
     splits: tuple[str, ...] = ("count",)
     preload: tuple[str, ...] = ()
+    tensor_parallel: tuple[int, ...] = ()  # TP sizes its build_model supports (case.tp), for the CP x TP layouts
 
     def build_model(self, case: Case, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
         from vdpcp.model import TowerConfig, VisionModel
@@ -145,4 +147,4 @@ class Adapted(Implementation):
 
 
 REQUIRED = ("name", "encode", "encode_sharded")
-PROTOCOL = REQUIRED + ("build_model", "inputs", "plan", "known_limit", "splits", "preload")
+PROTOCOL = REQUIRED + ("build_model", "inputs", "plan", "known_limit", "splits", "preload", "tensor_parallel")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from vdpcp import sharded
 from vdpcp.impls.base import Implementation, Ownership
 from vdpcp.plan import STRATEGIES
@@ -10,6 +12,16 @@ from vdpcp.plan import STRATEGIES
 class Reference(Implementation):
     name = "reference"
     splits = STRATEGIES
+    tensor_parallel = (2,)  # TP sizes of its tower (vdpcp.tensor_parallel): the matrix runs CP x TP layouts
+
+    def build_model(self, case, dtype, device):
+        model = super().build_model(case, dtype, device)
+        if case.tp == 1:
+            return model
+        from vdpcp import layout, tensor_parallel
+
+        tp_group = layout.groups(layout.Layout(case.cp, case.dp, case.tp)).tp
+        return tensor_parallel.parallelize(model.to(torch.float64), tp_group).to(device=device, dtype=dtype)
 
     def encode(self, model, batch):
         return sharded.encode_unsharded(model, batch)
