@@ -7,3 +7,13 @@ def test_cli_choices_are_the_codes_own():
     assert cli.LOSSES == case.LOSSES
     assert cli.DTYPES == tuple(case.DTYPES)
     assert cli.SPLITS == plan.STRATEGIES
+
+
+def test_the_shipped_implementations_are_the_entry_points_pyproject_registers():
+    import tomllib
+    from pathlib import Path
+
+    from vdpcp.impls import GROUP, SHIPPED
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert pyproject["project"]["entry-points"][GROUP] == SHIPPED

@@ -27,6 +27,10 @@ from vdpcp.impls.base import (
 
 GROUP = "vdpcp.implementations"
 BUILT_INS = ("reference", "mcore")  # what `vdpcp check` runs when no --impl is given
+# vdpcp's own, as pyproject.toml registers them: also found from a checkout that was never installed (a GPU
+# runner with PYTHONPATH pointing at it), where there is no entry-point metadata.
+SHIPPED = {"reference": "vdpcp.impls.reference:reference", "mcore": "vdpcp.impls.mcore:mcore",
+           "qwen2_5_vl": "vdpcp.impls.qwen2_5_vl:qwen2_5_vl"}
 
 __all__ = ["GLOO_NN_SUBGROUP", "GROUP_MISMATCH_TEXT", "GroupMismatchError", "ImplError", "Implementation", "KnownLimit", "Ownership",
            "available", "check_group", "resolve"]
@@ -38,7 +42,7 @@ class ImplError(ValueError):
 
 def available() -> dict[str, str]:
     """Registered implementation names -> their ``module:object`` targets."""
-    return {ep.name: ep.value for ep in entry_points(group=GROUP)}
+    return {**SHIPPED, **{ep.name: ep.value for ep in entry_points(group=GROUP)}}
 
 
 @functools.cache
