@@ -152,8 +152,9 @@ def gather_features(local: torch.Tensor, kept: list[int], group) -> torch.Tensor
 
     Shards are padded to the longest so one equal-sized all-gather serves gloo and NCCL alike. torch's
     functional all_gather_single is autograd-aware (backward: a reduce-scatter, summing every rank's gradient);
-    torch.distributed.nn.functional.all_gather is deprecated for it, and on gloo its backward fails on any
-    process group but the one holding global rank 0 (it scatters from group rank i as if it were global rank i).
+    torch.distributed.nn.functional.all_gather is deprecated for it, and on gloo its backward scatters from
+    group rank i as if it were global rank i, so it fails on every CP group but ranks 0..cp-1 ("Global rank 0 is
+    not part of group" on ranks 2 and 3 of a CP 2 x DP 2 world).
     """
     from torch.distributed._functional_collectives import all_gather_single
 
