@@ -147,6 +147,16 @@ def tower_config(patch_dim: int):
     )
 
 
+def local_inputs(inputs: TowerInputs, start: int, stop: int) -> TowerInputs:
+    """The media items [start, stop) of the microbatch, or one placeholder where there are none."""
+    if start == stop:
+        t, h, w = PLACEHOLDER_GRID
+        zeros = inputs.pixel_values.new_zeros(t * h * w, inputs.pixel_values.shape[1])
+        return TowerInputs(zeros, torch.tensor([PLACEHOLDER_GRID], dtype=torch.int64, device=zeros.device))
+    offsets = inputs.patch_offsets()
+    return TowerInputs(inputs.pixel_values[offsets[start] : offsets[stop]], inputs.grid_thw[start:stop])
+
+
 def gather_features(local: torch.Tensor, kept: list[int], group) -> torch.Tensor:
     """Each rank's first ``kept[rank]`` rows, in rank order, on every rank of ``group``.
 
@@ -223,16 +233,6 @@ class Qwen25VL(Implementation):
         if case.dtype == "float64" and case.grads and case.cp > 1 and not case.config.shard_vision:
             return FLOAT32_INSIDE
         return None
-
-
-def local_inputs(inputs: TowerInputs, start: int, stop: int) -> TowerInputs:
-    """The media items [start, stop) of the microbatch, or one placeholder where there are none."""
-    if start == stop:
-        t, h, w = PLACEHOLDER_GRID
-        zeros = inputs.pixel_values.new_zeros(t * h * w, inputs.pixel_values.shape[1])
-        return TowerInputs(zeros, torch.tensor([PLACEHOLDER_GRID], dtype=torch.int64, device=zeros.device))
-    offsets = inputs.patch_offsets()
-    return TowerInputs(inputs.pixel_values[offsets[start] : offsets[stop]], inputs.grid_thw[start:stop])
 
 
 qwen2_5_vl = Qwen25VL()
