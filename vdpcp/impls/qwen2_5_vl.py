@@ -1,0 +1,238 @@
+"""transformers' Qwen2.5-VL vision tower as an Implementation: vision DP over CP around a third-party model.
+
+The tower (``Qwen2_5_VisionTransformerPretrainedModel`` from a tiny random config) is code under test: it is
+called, never patched. Its 2x2 patch merger is the projector, so merged features are what crosses the wire.
+
+vdpcp's microbatch -> the tower's input (``inputs``), by reshape, cat, pad and permute only, so the gradient
+of every real patch flows back to ``batch.patches``:
+
+- a media item is an image (one row) or a video (``spec.media_frames`` consecutive rows of one size);
+- its frames are stacked in time, and the last frame is repeated up to a whole temporal patch of 2 frames:
+  an image becomes two copies of itself (as Qwen's image processor does), a video of n frames has
+  ceil(n / 2) temporal patches (as its video processor does);
+- an odd patch grid gets one row (column) of zero patches at the bottom (right), since the 2x2 merger needs
+  even sides. Qwen's processor resizes to a multiple of 2P instead, which would mix pixels; zero padding
+  keeps every real patch as it is, and the pad patches take part in attention like any other;
+- a patch is vdpcp's (C, P, P) vector with time inserted after the channel, (C, T, P, P), as the tower's
+  Conv3d patch embedding views it; patches go (t, h/2, w/2, 2, 2): the four patches of each 2x2 merge
+  window consecutive, windows row-major, which is the processor's order and what the tower's rotary
+  positions and window index assume.
+
+Sharded (``encode_sharded``), the ``count`` split: whole media items, contiguous, ``n // cp`` per rank and
+the remainder on the last rank. With fewer items than ranks the items go one per rank and every rank left
+over encodes one placeholder, a zero image of 2x2 patches at t=1 (the smallest grid the merger takes: one
+token), so no rank runs an empty tower. Each rank encodes its items with the full tower, then one
+autograd-aware all-gather restores every item's features in order on every rank and drops the placeholder
+tokens; its backward hands each rank the sum over the CP group of its tokens' gradients.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from vdpcp.impls.base import Implementation, KnownLimit, Ownership, check_group
+
+MODELING = "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl"
+CHANNELS = 3
+TEMPORAL_PATCH = 2  # frames per temporal patch: the tower's Conv3d kernel depth
+MERGE = 2  # the merger folds MERGE x MERGE patches into one token
+PLACEHOLDER_GRID = (1, MERGE, MERGE)  # (t, h, w) in patches: the smallest grid the merger takes
+PLACEHOLDER_TOKENS = 1  # the placeholder grid merges into one token
+
+EMPTY_MICROBATCH = KnownLimit(
+    "qwen-empty-microbatch",
+    "transformers' Qwen2.5-VL vision tower cannot encode zero media items: with an empty grid_thw its "
+    "forward raises in get_vision_position_ids (torch.cat of no position ids); a VLM skips the tower instead",
+    "expected a non-empty list of Tensors",
+)
+FLOAT32_INSIDE = KnownLimit(
+    "qwen-float32-inside",
+    "in float64 the tower still computes in float32 inside: Qwen2_5_VLRMSNorm normalizes in float32 (and the "
+    "vision rotary embedding rotates q and k in float32), so with sharding off every CP rank's own backward "
+    "rounds to float32 before the parameter gradients are summed over ranks, off the one unsharded backward "
+    "by 2.6e-7 to 5.7e-7 (float64's atol is 1e-7). Sharded, the gather sums the gradient before the tower, "
+    "and the cases pass",
+    "param grads (summed over ranks)",
+    grads_only=True,
+)
+
+
+@dataclass(frozen=True)
+class TowerInputs:
+    """The tower's two arguments: packed patches in its order, and each media item's (t, h, w) patch grid."""
+
+    pixel_values: torch.Tensor  # [sum of t*h*w, C*T*P*P]
+    grid_thw: torch.Tensor  # [media items, 3], int64
+
+    def patch_offsets(self) -> list[int]:
+        """Where each media item's patches start in pixel_values, and the end."""
+        offsets = [0]
+        for t, h, w in self.grid_thw.tolist():
+            offsets.append(offsets[-1] + t * h * w)
+        return offsets
+
+
+@dataclass(frozen=True)
+class Media:
+    """One image or video of the microbatch, as the tower encodes it."""
+
+    first_row: int
+    frames: int
+    grid: tuple[int, int]  # patches (rows, cols) of each frame, before even padding
+
+    @property
+    def grid_thw(self) -> tuple[int, int, int]:
+        gh, gw = self.grid
+        return math.ceil(self.frames / TEMPORAL_PATCH), gh + gh % MERGE, gw + gw % MERGE
+
+    @property
+    def tokens(self) -> int:
+        return merged_tokens(self.grid_thw)
+
+
+def merged_tokens(grid_thw) -> int:
+    t, h, w = grid_thw
+    return t * h * w // MERGE**2
+
+
+def media_items(spec) -> list[Media]:
+    """The microbatch's media items in order; a video's frames must share one size (one grid_thw each)."""
+    items, row = [], 0
+    for frames in spec.media_frames:
+        sizes = set(spec.images[row : row + frames])
+        if len(sizes) > 1:
+            raise ValueError(f"qwen2_5_vl: media item {len(items)} (rows {row}..{row + frames - 1}) is a video "
+                             f"whose frames differ in size {sorted(sizes)}; expected one size per video")
+        items.append(Media(row, frames, spec.grids[row]))
+        row += frames
+    return items
+
+
+def media_shards(num_media: int, cp: int) -> list[tuple[int, int]]:
+    """[start, stop) of the media items each rank encodes: by count, the remainder on the last rank; with
+    fewer items than ranks, one item each and nothing (so a placeholder) on the ranks left over."""
+    per_rank = max(num_media // cp, 1)
+    starts = [min(rank * per_rank, num_media) for rank in range(cp)]
+    return list(zip(starts, starts[1:] + [num_media]))
+
+
+def tower_patches(rows: torch.Tensor, media: Media, patch_dim: int) -> torch.Tensor:
+    """A media item's rows [frames * h * w, C*P*P] in vdpcp's order -> [t * H * W, C*T*P*P] in the tower's."""
+    P, (gh, gw) = patch_dim, media.grid
+    frames = rows.reshape(media.frames, gh, gw, CHANNELS, P, P)
+    short = -media.frames % TEMPORAL_PATCH
+    if short:  # the processors' rule: repeat the last frame up to a whole temporal patch
+        frames = torch.cat([frames, frames[-1:].expand(short, *frames.shape[1:])])
+    # Zero patches at the bottom and right make an odd grid even; F.pad lists the last dimension first.
+    frames = F.pad(frames, (0, 0, 0, 0, 0, 0, 0, gw % MERGE, 0, gh % MERGE))
+    t, H, W = media.grid_thw
+    windows = frames.reshape(t, TEMPORAL_PATCH, H // MERGE, MERGE, W // MERGE, MERGE, CHANNELS, P, P)
+    return windows.permute(0, 2, 4, 3, 5, 6, 1, 7, 8).reshape(t * H * W, CHANNELS * TEMPORAL_PATCH * P * P)
+
+
+def tower_config(patch_dim: int):
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+
+    return Qwen2_5_VLVisionConfig(
+        depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=48,
+        patch_size=patch_dim, spatial_merge_size=MERGE, temporal_patch_size=TEMPORAL_PATCH, in_channels=CHANNELS,
+        # Windows of 2x2 merged tokens (4x4 patches): every image larger than that attends in several windows
+        # in block 0, and as a whole in block 1 (full attention).
+        window_size=2 * MERGE * patch_dim, fullatt_block_indexes=[1],
+    )
+
+
+def local_inputs(inputs: TowerInputs, start: int, stop: int) -> TowerInputs:
+    """The media items [start, stop) of the microbatch, or one placeholder where there are none."""
+    if start == stop:
+        t, h, w = PLACEHOLDER_GRID
+        zeros = inputs.pixel_values.new_zeros(t * h * w, inputs.pixel_values.shape[1])
+        return TowerInputs(zeros, torch.tensor([PLACEHOLDER_GRID], dtype=torch.int64, device=zeros.device))
+    offsets = inputs.patch_offsets()
+    return TowerInputs(inputs.pixel_values[offsets[start] : offsets[stop]], inputs.grid_thw[start:stop])
+
+
+def gather_features(local: torch.Tensor, kept: list[int], group) -> torch.Tensor:
+    """Each rank's first ``kept[rank]`` rows, in rank order, on every rank of ``group``.
+
+    Shards are padded to the longest so one equal-sized all-gather serves gloo and NCCL alike. torch's
+    functional all_gather_single is autograd-aware (backward: a reduce-scatter, summing every rank's gradient);
+    torch.distributed.nn.functional.all_gather is deprecated for it, and on gloo its backward scatters from
+    group rank i as if it were global rank i, so it fails on every CP group but ranks 0..cp-1 ("Global rank 0 is
+    not part of group" on ranks 2 and 3 of a CP 2 x DP 2 world).
+    """
+    from torch.distributed._functional_collectives import all_gather_single
+
+    longest = max(*kept, PLACEHOLDER_TOKENS)  # the same on every rank: none holds more, placeholders included
+    padded = F.pad(local, (0, 0, 0, longest - local.shape[0]))
+    shards = all_gather_single(padded, 0, group).view(len(kept), longest, -1)
+    return torch.cat([shard[:n] for shard, n in zip(shards, kept)])
+
+
+class Qwen25VL(Implementation):
+    name = "qwen2_5_vl"
+    splits = ("count",)
+    preload = (MODELING,)  # 2-4 s to import, and it starts no threads: the rank zygote imports it once
+
+    def build_model(self, case, dtype, device):
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(case.spec.seed)
+            # SDPA runs float64 through in float64 (eager's softmax rounds to float32) and bfloat16 on CPU.
+            model = Qwen2_5_VisionTransformerPretrainedModel._from_config(
+                tower_config(case.spec.patch_dim), attn_implementation="sdpa")
+        return model.to(device=device, dtype=dtype)
+
+    def inputs(self, batch) -> TowerInputs:
+        spec, cu = batch.spec, batch.cu_seqlens.tolist()
+        items = media_items(spec)
+        patches = [tower_patches(batch.patches[0, cu[m.first_row] : cu[m.first_row + m.frames]], m, spec.patch_dim)
+                   for m in items]
+        width = CHANNELS * TEMPORAL_PATCH * spec.patch_dim**2
+        grid_thw = torch.tensor([m.grid_thw for m in items], dtype=torch.int64, device=batch.patches.device)
+        return TowerInputs(torch.cat(patches) if patches else batch.patches.new_zeros(0, width), grid_thw.reshape(-1, 3))
+
+    def encode(self, model, inputs: TowerInputs) -> torch.Tensor:
+        return model(inputs.pixel_values, inputs.grid_thw).pooler_output
+
+    def encode_sharded(self, model, inputs: TowerInputs, config, group) -> torch.Tensor:
+        if group is not None or config.shard_vision:  # a mismatch raises even where sharding is off
+            check_group(config, dist.get_world_size(group), self.name)
+        if not config.shard_vision:
+            return self.encode(model, inputs)
+        grids = [tuple(g) for g in inputs.grid_thw.tolist()]
+        shards = media_shards(len(grids), dist.get_world_size(group))
+        local = self.encode(model, local_inputs(inputs, *shards[dist.get_rank(group)]))
+        kept = [sum(merged_tokens(g) for g in grids[start:stop]) for start, stop in shards]
+        return self.gather(local, kept, group)
+
+    def gather(self, local: torch.Tensor, kept: list[int], group) -> torch.Tensor:
+        return gather_features(local, kept, group)
+
+    def plan(self, spec, config) -> Ownership | None:
+        if not config.shard_vision:
+            return None
+        items = media_items(spec)
+        shards = media_shards(len(items), config.context_parallel_size)
+        owner, tokens = [0] * len(spec.images), [0] * len(spec.images)
+        for rank, (start, stop) in enumerate(shards):
+            for m in items[start:stop]:
+                owner[m.first_row : m.first_row + m.frames] = [rank] * m.frames
+                tokens[m.first_row] = m.tokens
+        return Ownership(tuple(owner), tuple(tokens), tuple(int(start == stop) for start, stop in shards))
+
+    def known_limit(self, case, backend: str) -> KnownLimit | None:
+        if not case.spec.images:
+            return EMPTY_MICROBATCH
+        if case.dtype == "float64" and case.grads and case.cp > 1 and not case.config.shard_vision:
+            return FLOAT32_INSIDE
+        return None
+
+
+qwen2_5_vl = Qwen25VL()
