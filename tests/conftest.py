@@ -1,6 +1,17 @@
-"""Rank workers start with the case modules and the imports of the built-ins (MCore) and of the Qwen2.5-VL
-adapter tested in tests/impls (transformers) preloaded: one import per pool, not one per rank."""
+"""Every test starts from a known state and leaves it so; rank workers start with the heavy imports preloaded.
 
+The preload: the case modules and the imports of the built-ins (MCore) and of the Qwen2.5-VL adapter tested in
+tests/impls (transformers), one import per pool, not one per rank. The guard: a test (or an in-process CLI
+call inside it) that leaves the harness configuration, the environment or torch's default dtype changed fails,
+so no setting reaches the next test (a GPU job once ran gloo because one did).
+"""
+
+import os
+
+import pytest
+import torch
+
+from vdpcp.harness import config as harness_config
 from vdpcp.impls import BUILT_INS
 from vdpcp.runner import preload_case_modules
 
@@ -8,3 +19,18 @@ from vdpcp.runner import preload_case_modules
 def pytest_configure(config):
     # The plugin's session settings scope it: restored at pytest_unconfigure.
     preload_case_modules((*BUILT_INS, "qwen2_5_vl"))
+
+
+def _process_settings() -> dict:
+    environment = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}  # pytest's own, per phase
+    return {"harness configuration": dict(harness_config._configured), "environment": environment,
+            "torch default dtype": torch.get_default_dtype()}
+
+
+@pytest.fixture(autouse=True)
+def no_setting_leaks():
+    before = _process_settings()
+    yield
+    after = _process_settings()
+    changed = [name for name in before if before[name] != after[name]]
+    assert not changed, f"this test left process-global settings changed: {changed}"
