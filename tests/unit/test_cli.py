@@ -1,9 +1,18 @@
 """The CLI keeps its choices literal (so `vdpcp --help` imports no torch); they must stay the code's own."""
 
-from vdpcp import case, cli, plan
+import tomllib
+from pathlib import Path
+
+from vdpcp import case, cli, impls, plan
 
 
 def test_cli_choices_are_the_codes_own():
     assert cli.LOSSES == case.LOSSES
     assert cli.DTYPES == tuple(case.DTYPES)
     assert cli.SPLITS == plan.STRATEGIES
+
+
+def test_own_implementations_are_those_pyproject_registers():
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    registered = project["project"]["entry-points"][impls.GROUP]
+    assert impls.OWN == {name: registered[name] for name in impls.OWN}

@@ -1,10 +1,10 @@
 """Implementations under test, found by name or by ``module:object``.
 
 ``resolve("reference")`` looks the name up in the ``vdpcp.implementations`` entry-point group (vdpcp's own
-built-ins are there: reference, mcore, qwen2_5_vl; an installed package adds its own); anything with a
-colon is imported: ``resolve("my_vlm.vision_dp:impl")``. A bad target raises ImplError, one line naming the
-target and what was expected. Rank workers resolve the same string, so a case carries the string, never
-the object.
+built-ins are there: reference, mcore, qwen2_5_vl; an installed package adds its own; ``OWN`` finds reference
+and mcore in a checkout that was never installed); anything with a colon is imported:
+``resolve("my_vlm.vision_dp:impl")``. A bad target raises ImplError, one line naming the target and what was
+expected. Rank workers resolve the same string, so a case carries the string, never the object.
 """
 
 from __future__ import annotations
@@ -35,9 +35,14 @@ class ImplError(ValueError):
     """An --impl target that is not an implementation: the message names it and says what was expected."""
 
 
+# vdpcp's own, as pyproject.toml registers them: found also where vdpcp runs from a checkout that was never
+# pip-installed (a GPU node handed only the source tree), which has no entry points.
+OWN = {"reference": "vdpcp.impls.reference:reference", "mcore": "vdpcp.impls.mcore:mcore"}
+
+
 def available() -> dict[str, str]:
     """Registered implementation names -> their ``module:object`` targets."""
-    return {ep.name: ep.value for ep in entry_points(group=GROUP)}
+    return {**OWN, **{ep.name: ep.value for ep in entry_points(group=GROUP)}}
 
 
 @functools.cache
