@@ -3,13 +3,18 @@
 import tomllib
 from pathlib import Path
 
-from vdpcp import case, cli, impls, plan
+from vdpcp import case, cli, impls, model, plan
+from vdpcp.cli import ab
 
 
 def test_cli_choices_are_the_codes_own():
     assert cli.LOSSES == case.LOSSES
     assert cli.DTYPES == tuple(case.DTYPES)
     assert cli.SPLITS == plan.STRATEGIES
+
+
+def test_ab_towers_are_the_models_own():
+    assert ab.TOWERS == tuple(model.TOWERS)
 
 
 def test_own_implementations_are_those_pyproject_registers():
