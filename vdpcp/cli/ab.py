@@ -81,6 +81,8 @@ def main(args) -> int:
         ranks = run_ranks(ab_ranks, run.cp, run, backend=backend, timeout=args.timeout)
     except RankFailure as failure:
         out.print(f"vdpcp ab: a rank failed, so the arms cannot be compared (verdict: [bold red]fail[/])\n{failure}")
+        for limit in known_limits(run, backend, str(failure)):
+            out.print(f"vdpcp ab: {run.impl} declares this a known limit on {backend}: {limit.name}: {limit.reason}")
         return 1
     judged = judge(run, run.schedule(), ranks, time.perf_counter() - started)
     out.print(ab_report.table(judged))
@@ -91,3 +93,13 @@ def main(args) -> int:
     if args.png:
         out.print(f"wrote {ab_report.plot(args.png, judged)}")
     return 0 if judged.passed else 1
+
+
+def known_limits(run, backend: str, failure: str) -> list:
+    """The known limits (KnownLimit) the implementation declares for the run's microbatches that the failure shows."""
+    from vdpcp.case import Case
+    from vdpcp.impls import resolve
+
+    impl = resolve(run.impl)
+    limits = {impl.known_limit(Case(draw.spec, run.cp, impl=run.impl), backend) for step in run.schedule() for draw in step}
+    return sorted((limit for limit in limits if limit is not None and limit.signature in failure), key=lambda limit: limit.name)
