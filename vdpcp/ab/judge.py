@@ -10,14 +10,15 @@ reduction, against one sum). Every difference is rounding, so the bound is the d
   9e-13 (about 8e3 u: AdamW divides each gradient element by its own running size, which magnifies the
   rounding of elements whose sum cancels). So 1e-10 leaves a factor 100 over the largest rounding gap, and
   stays 1e3 below the quietest bug measured: grad-averaged changes the loss by only 1.5e-7 (AdamW is nearly
-  blind to a gradient's scale), and every gradient mutant moves the vision grad norm by 0.5.
+  blind to a gradient's scale), and both gradient mutants move the vision grad norm by about 1 - 1/CP (0.5 at
+  CP 2, 0.75 at CP 4).
 - float32 and bfloat16: ``2 x steps x accumulate x eps`` relative on the loss and the grad norms of every
   step: each microbatch that has gone into the parameters is a gradient sum that each arm rounds its own
   way, by up to about one machine epsilon, and the two arms' errors add (2.4e-6 and 0.16 at the default
   5 x 2). Measured on the reference (as above): per-step gaps at most 2.0e-7 (1.7 eps) in float32, 7.9e-8
   after a single microbatch, and 3.7e-3 (0.47 eps; bf16 keeps float32 main weights and gradients) in bf16.
-  Every gradient mutant moves the vision grad norm by 0.5, above the bound for steps x accumulate up to 30
-  in bf16. The final parameters are reported, not judged, at these dtypes: the per-element magnification
+  The gradient mutants' 0.5 (at CP 2) on the vision grad norm stays above the bound for steps x accumulate up
+  to 30 in bf16. The final parameters are reported, not judged, at these dtypes: the per-element magnification
   above turns float32's rounding into a 2e-4 relative gap (grad-averaged makes 1e-3), and in bf16 an element
   whose gradient is rounding noise takes a whole AdamW step of either sign, so its gap (2.9e-2 at most) is
   no smaller than a bug's.
