@@ -30,6 +30,7 @@ class Case:
     grads: bool = True  # False checks the outputs only (no backward)
     dp: int = 1  # data-parallel replicas around the CP groups, each with its own microbatch
     tp: int = 1  # tensor-parallel ranks inside each CP rank's vision tower (an implementation that has TP)
+    tower: str = "tiny"  # a size in vdpcp.model.TOWERS, for build_model (an implementation's own model may ignore it)
 
     @property
     def world_size(self) -> int:
@@ -60,6 +61,8 @@ class Case:
             parts.append("no-even-pad")
         if not self.grads:
             parts.append("outputs")
+        if self.tower != "tiny":
+            parts.append(f"tower-{self.tower}")
         if self.mutant:
             parts.append(f"mutant-{self.mutant}")
         return "-".join(parts)

@@ -3,12 +3,16 @@
 World rank = tp_rank + tp * (cp_rank + cp * dp_rank). The CP groups this builds are the ones MCore's
 parallel_state builds for the same sizes, so an implementation that reads MCore's state and one handed the
 group agree, and one that mixes the default group with its CP group gathers another replica's features.
+
+Within a CP group the language model's sequence is split zigzag-wise (``zigzag_positions``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 
 
@@ -78,3 +82,14 @@ def _build(layout: Layout, rank: int) -> Groups:
                 if (d, c) == (dp_rank, cp_rank):
                     mine["tp"] = group
     return Groups(mine["cp"], mine.get("tp"), cp_rank, dp_rank, tp_rank)
+
+
+def zigzag_positions(length: int, cp: int, rank: int) -> torch.Tensor:
+    """Which positions of a ``length``-token sequence CP rank ``rank`` holds, as a bool mask.
+
+    The sequence is padded to a multiple of 2*cp and cut into 2*cp chunks; rank r holds chunks r and 2*cp-1-r,
+    so under causal attention every rank gets as much early (cheap) as late (costly) context.
+    """
+    chunk = math.ceil(length / (2 * cp))
+    chunk_of = torch.arange(length) // max(chunk, 1)
+    return (chunk_of == rank) | (chunk_of == 2 * cp - 1 - rank)

@@ -34,6 +34,14 @@ class TowerConfig:
     seed: int = 0
 
 
+# Tower sizes a case can ask for (Case.tower): the toy tower above, and a ViT-L-sized one (as RADIO's and
+# vdpcp bench memory's) for GPU runs where activation memory should matter.
+TOWERS = {
+    "tiny": {},
+    "vit-l": dict(hidden=1024, heads=16, layers=24, lm_hidden=2688),
+}
+
+
 class Block(nn.Module):
     def __init__(self, hidden: int, heads: int):
         super().__init__()

@@ -30,6 +30,7 @@ import torch
 
 from vdpcp import comm
 from vdpcp.case import Case, RankResult
+from vdpcp.layout import zigzag_positions
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 LOW_PRECISION = {torch.bfloat16: 1.6e-2, torch.float16: 1e-3}  # assert_close's default rtol for each
@@ -119,15 +120,10 @@ def loss_weights(case: Case, spec, rank: int, shape, dtype, device) -> torch.Ten
 
 
 def zigzag_rows(num_vision: int, cp: int, rank: int) -> torch.Tensor:
-    """Which vision rows rank ``rank`` holds when the fused text+vision sequence is CP-split zigzag-wise.
-
-    The sequence (text, vision tokens, text) is padded to a multiple of 2*cp and cut into 2*cp chunks;
-    rank r holds chunks r and 2*cp-1-r, so most ranks' gradient for an image comes from other ranks.
-    """
-    length = TEXT_BEFORE + num_vision + TEXT_AFTER
-    chunk = math.ceil(length / (2 * cp))
-    chunk_of = torch.arange(TEXT_BEFORE, TEXT_BEFORE + num_vision) // chunk
-    return ((chunk_of == rank) | (chunk_of == 2 * cp - 1 - rank)).to(torch.float64)
+    """Which vision rows rank ``rank`` holds when the fused text+vision sequence is CP-split zigzag-wise
+    (vdpcp.layout.zigzag_positions), so most ranks' gradient for an image comes from other ranks."""
+    held = zigzag_positions(TEXT_BEFORE + num_vision + TEXT_AFTER, cp, rank)
+    return held[TEXT_BEFORE : TEXT_BEFORE + num_vision].to(torch.float64)
 
 
 def _own_weight(plan, sharded: bool, weights, cp_rank: int, device) -> torch.Tensor | None:

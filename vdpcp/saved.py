@@ -5,7 +5,7 @@
      "expect": {"signature": "error: raised ValueError: pixel shuffle needs an even patch grid, got #x#"}}
 
 ``case`` holds the Case fields that differ from their defaults (cp, dp, tp, impl, split, loss, dtype,
-even_pad, mutant, vision_dp_over_cp, config_cp, grads); ``expect.signature`` is how it failed when saved
+even_pad, mutant, tower, vision_dp_over_cp, config_cp, grads); ``expect.signature`` is how it failed when saved
 (vdpcp.fuzz.signature). Both are optional: a plain microbatch spec is a saved case with neither, whose CP
 size comes from the command line or the name's ``-cp<N>`` tag (as vdpcp.capture writes it).
 """
@@ -20,7 +20,7 @@ from vdpcp.case import Case
 from vdpcp.spec import MicrobatchSpec, SpecError, read_json
 
 CASE_TYPES = {"cp": int, "dp": int, "tp": int, "config_cp": int, "impl": str, "split": str, "loss": str, "dtype": str,
-              "mutant": str, "even_pad": bool, "vision_dp_over_cp": bool, "grads": bool}
+              "mutant": str, "tower": str, "even_pad": bool, "vision_dp_over_cp": bool, "grads": bool}
 _DEFAULTS = {f.name: f.default for f in fields(Case) if f.name not in ("spec", "cp")}
 
 

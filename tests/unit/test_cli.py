@@ -1,6 +1,10 @@
 """The CLI keeps its choices literal (so `vdpcp --help` imports no torch); they must stay the code's own."""
 
-from vdpcp import case, cli, plan
+import tomllib
+from pathlib import Path
+
+from vdpcp import case, cli, impls, model, plan
+from vdpcp.cli import ab
 
 
 def test_cli_choices_are_the_codes_own():
@@ -10,10 +14,9 @@ def test_cli_choices_are_the_codes_own():
 
 
 def test_the_shipped_implementations_are_the_entry_points_pyproject_registers():
-    import tomllib
-    from pathlib import Path
-
-    from vdpcp.impls import GROUP, SHIPPED
-
     pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
-    assert pyproject["project"]["entry-points"][GROUP] == SHIPPED
+    assert pyproject["project"]["entry-points"][impls.GROUP] == impls.SHIPPED
+
+
+def test_ab_towers_are_the_models_own():
+    assert ab.TOWERS == tuple(model.TOWERS)

@@ -1,10 +1,10 @@
 """Implementations under test, found by name or by ``module:object``.
 
 ``resolve("reference")`` looks the name up in the ``vdpcp.implementations`` entry-point group (vdpcp's own
-built-ins are there: reference, mcore, qwen2_5_vl; an installed package adds its own); anything with a
-colon is imported: ``resolve("my_vlm.vision_dp:impl")``. A bad target raises ImplError, one line naming the
-target and what was expected. Rank workers resolve the same string, so a case carries the string, never
-the object.
+built-ins are there: reference, mcore, qwen2_5_vl; an installed package adds its own; ``SHIPPED`` finds vdpcp's
+own in a checkout that was never installed); anything with a colon is imported:
+``resolve("my_vlm.vision_dp:impl")``. A bad target raises ImplError, one line naming the target and what was
+expected. Rank workers resolve the same string, so a case carries the string, never the object.
 """
 
 from __future__ import annotations

@@ -107,10 +107,10 @@ class Implementation:
     tensor_parallel: tuple[int, ...] = ()  # TP sizes its build_model supports (case.tp), for the CP x TP layouts
 
     def build_model(self, case: Case, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
-        from vdpcp.model import TowerConfig, VisionModel
+        from vdpcp.model import TOWERS, TowerConfig, VisionModel
 
         tower = TowerConfig(patch_dim=case.spec.patch_dim, temporal_patch_size=case.spec.temporal_patch_size,
-                            pad_odd_grids=case.even_pad, seed=case.spec.seed)
+                            pad_odd_grids=case.even_pad, seed=case.spec.seed, **TOWERS[case.tower])
         return VisionModel(tower).to(device=device, dtype=dtype)
 
     def inputs(self, batch: Microbatch) -> Any:

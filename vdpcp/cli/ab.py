@@ -1,0 +1,105 @@
+"""`vdpcp ab`: train a tiny VLM with vision_dp_over_cp on and off and hold the two runs to each other.
+
+The skill's A/B in small: the same seed, weights and microbatches, CP ranks whose language model takes its
+loss on its zigzag shard, gradients summed over CP, AdamW; only the flag differs (on: the implementation's
+sharded encode; off: every rank encodes every image). The arms are mathematically equal, so their losses and
+grad norms must agree per step, and their final parameters, within the dtype's rounding (vdpcp.ab.judge says
+how far). On a GPU it also reports the busiest rank's peak memory and the step time of each arm. --mutant
+applies a named mutant to the sharded arm only. Exit 0 when the arms agree, 1 when they do not (or a rank
+failed), 2 on bad input.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vdpcp.cli import DTYPES, IMPL_HELP, UsageError, add_run_options, checked_impls
+
+TOWERS = ("tiny", "vit-l")  # vdpcp.model.TOWERS, literal so that `vdpcp --help` imports no torch
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("ab", help=__doc__.splitlines()[0].split(": ", 1)[1], description=__doc__)
+    parser.add_argument("--cp", type=int, default=2, metavar="N", help="CP ranks (default 2; the flag is a no-op at 1)")
+    parser.add_argument("--steps", type=int, default=5, metavar="K", help="optimizer steps per arm (default 5)")
+    parser.add_argument("--accumulate", type=int, default=2, metavar="M", help="microbatches per step (default 2)")
+    parser.add_argument("--impl", default="reference", metavar="IMPL", help=f"implementation under test (default reference): {IMPL_HELP}")
+    parser.add_argument("--dtype", choices=DTYPES, default="float64", help="model dtype (default float64; bf16 keeps float32 main weights)")
+    parser.add_argument("--dataset", default="doc-qa", help="doc-qa, multi-image or video (default doc-qa)")
+    parser.add_argument("--tower", choices=TOWERS, default="tiny",
+                        help="tiny: the toy tower on downscaled microbatches (CPU); vit-l: hidden 1024, 24 layers, patch 16, "
+                             "the dataset's real sizes (GPU memory)")
+    parser.add_argument("--mutant", metavar="NAME", help="a named mutant (vdpcp.mutants), in the sharded arm only")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the microbatches (default 0)")
+    add_run_options(parser)
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write the per-step record and the verdict as JSON")
+    parser.add_argument("--png", type=Path, metavar="PATH", help="plot both loss curves and their difference")
+    parser.set_defaults(func=main)
+
+
+def checked_run(args):
+    """The Run the options describe; UsageError naming the first bad one."""
+    from vdpcp.ab.train import Run
+    from vdpcp.datasets import DATASETS
+    from vdpcp.mutants import MUTANTS
+
+    if args.cp < 2:
+        why = "vision_dp_over_cp is a no-op at CP=1, so both arms would be one run" if args.cp == 1 else "a number of ranks"
+        raise UsageError(f"--cp {args.cp}: expected 2 or more ({why})")
+    for flag, value in (("--steps", args.steps), ("--accumulate", args.accumulate)):
+        if value < 1:
+            raise UsageError(f"{flag} {value}: expected a positive integer")
+    if args.dataset not in DATASETS:
+        raise UsageError(f"--dataset {args.dataset}: unknown dataset; expected one of {', '.join(sorted(DATASETS))}")
+    if args.mutant is not None and args.mutant not in MUTANTS:
+        raise UsageError(f"--mutant {args.mutant}: unknown mutant; expected one of {', '.join(sorted(MUTANTS))}")
+    if not 0 <= args.seed < 2**32:
+        raise UsageError(f"--seed {args.seed}: expected an integer in [0, 2**32)")
+    (impl,) = checked_impls([args.impl])
+    return Run(impl=impl, cp=args.cp, steps=args.steps, accumulate=args.accumulate, dtype=args.dtype,
+               dataset=args.dataset, tower=args.tower, seed=args.seed, mutant=args.mutant)
+
+
+def main(args) -> int:
+    import time
+
+    from vdpcp import report
+    from vdpcp.ab import report as ab_report
+    from vdpcp.ab.judge import judge
+    from vdpcp.ab.train import ab_ranks
+    from vdpcp.harness import BackendUnavailable, RankFailure, run_ranks
+    from vdpcp.harness.config import resolve_backend
+
+    run = checked_run(args)
+    try:
+        backend = resolve_backend(args.backend, run.cp)
+    except BackendUnavailable as err:
+        raise UsageError(f"--backend {args.backend}: {err}") from None
+    out = report.console()
+    started = time.perf_counter()
+    try:
+        ranks = run_ranks(ab_ranks, run.cp, run, backend=backend, timeout=args.timeout)
+    except RankFailure as failure:
+        out.print(f"vdpcp ab: a rank failed, so the arms cannot be compared (verdict: [bold red]fail[/])\n{failure}")
+        for limit in known_limits(run, backend, str(failure)):
+            out.print(f"vdpcp ab: {run.impl} declares this a known limit on {backend}: {limit.name}: {limit.reason}")
+        return 1
+    judged = judge(run, run.schedule(), ranks, time.perf_counter() - started)
+    out.print(ab_report.table(judged))
+    for line in ab_report.summary(judged):
+        out.print(line)
+    if args.json:
+        ab_report.write_json(args.json, judged)
+    if args.png:
+        out.print(f"wrote {ab_report.plot(args.png, judged)}")
+    return 0 if judged.passed else 1
+
+
+def known_limits(run, backend: str, failure: str) -> list:
+    """The known limits (KnownLimit) the implementation declares for the run's microbatches that the failure shows."""
+    from vdpcp.case import Case
+    from vdpcp.impls import resolve
+
+    impl = resolve(run.impl)
+    limits = {impl.known_limit(Case(draw.spec, run.cp, impl=run.impl), backend) for step in run.schedule() for draw in step}
+    return sorted((limit for limit in limits if limit is not None and limit.signature in failure), key=lambda limit: limit.name)
