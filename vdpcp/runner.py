@@ -115,8 +115,9 @@ def run_judged(case: Case, backend: str | None = None, timeout: float | None = N
 
 def preload_case_modules(impls=()) -> None:
     """Have the rank zygote preload RANK_PRELOAD and the implementations' own preloads, unless a preload is
-    configured already or CUDA is visible (the zygote forks its workers, so nothing it imports may have
-    touched CUDA; CPU-only is the safe case). Callers scope it (harness.config.configured)."""
+    configured already or CUDA is visible. Measured on the H200: there, importing them starts a thread, and the
+    zygote refuses to fork a threaded process; so on GPUs each worker imports them once (about 10 s), again after
+    every faulted case. Callers scope it (harness.config.configured)."""
     if harness_config.default_preload() or harness_config.cuda_device_count() > 0:
         return
     extra = [name for target in impls for name in resolve(target).preload]

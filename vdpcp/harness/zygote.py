@@ -53,6 +53,8 @@ def main(argv: list[str]) -> None:
     if threads > 1:
         sys.exit(f"vdpcp zygote: after importing torch and {preload or 'nothing else'} this process has "
                  f"{threads} threads; forking it would be unsafe")
+    if torch.cuda.is_initialized():  # a forked child cannot use a CUDA context its parent made
+        sys.exit(f"vdpcp zygote: importing {preload} initialised CUDA; forking it would be unsafe")
     gc.freeze()  # keep the collector from dirtying shared pages in every worker
     send = lambda *message: sock.send(pickle.dumps(message))  # noqa: E731
     send("ready")
