@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.processes import alive
+from vdpcp.harness import pool as pool_module
 from vdpcp.harness import run_ranks, shutdown
 from vdpcp.harness.pool import WorkerPool
 
@@ -100,6 +101,23 @@ def test_workers_die_with_their_caller(how):
         assert "KeyboardInterrupt" in caller.stderr, f"the caller exited with {caller.returncode}, stderr {caller.stderr!r}"
     assert wait_until_gone(pids) == []
     assert not directory.exists()
+
+
+def test_an_interrupt_between_forks_leaves_no_worker_unowned(monkeypatch):
+    forked, fork = [], pool_module.WorkerProcess
+
+    def fork_then_interrupt(rank, zygote, directory):
+        if forked:
+            raise KeyboardInterrupt
+        forked.append(fork(rank, zygote, directory))
+        return forked[-1]
+
+    pool = WorkerPool()
+    monkeypatch.setattr(pool_module, "WorkerProcess", fork_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        pool.run(pickle.dumps((worker_and_parent, (), {})), 2, "gloo", timeout=60)
+    assert wait_until_gone([forked[0].pid], within=0) == []
+    assert forked[0].conn.closed  # the pool reaped it, rather than leaving it to die with the zygote
 
 
 def has_module(ctx, name):
