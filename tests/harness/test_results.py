@@ -110,6 +110,16 @@ def test_what_ranks_print_reaches_the_callers_output(capsys):
     assert "[rank 0] hello from rank 0" in out and "[rank 1] hello from rank 1" in out
 
 
+def import_megatron(ctx):
+    import megatron.core.models.multimodal.context_parallel  # noqa: F401
+
+
+def test_megatrons_import_notices_are_not_among_what_ranks_print(capsys):
+    run_ranks(import_megatron, 1)  # this pool's zygote preloads nothing: the rank imports megatron itself
+    out = capsys.readouterr().out
+    assert "is not installed" not in out and "No CUDA runtime" not in out, out
+
+
 def test_the_run_ranks_fixture_is_the_harness_function(run_ranks, request):
     assert run_ranks(whoami, 1)[0]["rank"] == 0
     assert request.node.get_closest_marker("distributed") is not None
