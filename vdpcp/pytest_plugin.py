@@ -17,11 +17,12 @@ so that every rank starts with them. A test body runs on every rank; the test na
 
 Tests that use the fixture are marked ``distributed`` (``-m "not distributed"`` leaves them out).
 Forcing ``--backend nccl`` where there is no GPU per rank skips the case instead of failing it.
+megatron-core's notices that optional packages are missing are filtered out (see vdpcp.third_party).
 """
 
 import pytest
 
-from vdpcp import harness
+from vdpcp import harness, third_party
 from vdpcp.harness.config import BACKENDS, configured
 
 
@@ -46,6 +47,8 @@ _SESSION_SETTINGS = pytest.StashKey[object]()
 
 
 def pytest_configure(config):
+    for line in third_party.pytest_filterwarnings():
+        config.addinivalue_line("filterwarnings", line)
     # The session's settings hold until pytest_unconfigure, which puts back what was there before (an
     # in-process pytest run, as pytester makes, must not leave its --backend to its caller).
     settings = configured(backend=config.getoption("backend"), timeout=config.getoption("vdpcp_timeout"),

@@ -49,9 +49,12 @@ class MutantRow:
         return "killed" if self.hunt.killed else "survived"
 
 
+LOG_WIDTH = 1000  # wider than any table: at 200 a CP-8 check table squeezed its `why` column to a word a line
+
+
 def console() -> Console:
-    """stdout; wide enough for the table when stdout is not a terminal (CI logs)."""
-    return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+    """stdout; off a terminal (a CI log) wider than any table, so each row stays one line and no cell wraps."""
+    return Console(width=None if sys.stdout.isatty() else LOG_WIDTH, highlight=False)
 
 
 # --- check ---------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import textwrap
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.processes import alive
+from vdpcp.harness import pool as pool_module
 from vdpcp.harness import run_ranks, shutdown
 from vdpcp.harness.pool import WorkerPool
 
@@ -27,7 +29,16 @@ def pool_directory(ctx):
 
 
 def nap(ctx):
+    Path(pool_directory(ctx), f"napping-{ctx.rank}").touch()  # tells the caller this rank is inside the case
     time.sleep(60)
+
+
+def interrupt_once_napping(directory: str, world_size: int) -> None:
+    """Ctrl-C this process once every rank is inside nap: mid-case, never before the case or after it."""
+    marks = [Path(directory, f"napping-{rank}") for rank in range(world_size)]
+    while not all(mark.exists() for mark in marks):
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGINT)
 
 
 def wait_until_gone(pids, within: float = GONE_WITHIN_S) -> list[int]:
@@ -51,12 +62,14 @@ def test_shutdown_kills_every_worker_and_the_zygote():
 CALLER = textwrap.dedent("""
     import os, signal, sys, threading
     from vdpcp.harness import run_ranks
-    from tests.harness.test_lifecycle import nap, pool_directory, worker_and_parent
+    from tests.harness.test_lifecycle import interrupt_once_napping, nap, pool_directory, worker_and_parent
 
     def start():
         pairs = run_ranks(worker_and_parent, 2, backend="gloo")
         print(*{pid for pair in pairs for pid in pair})
-        print(run_ranks(pool_directory, 1, backend="gloo")[0], flush=True)
+        directory = run_ranks(pool_directory, 1, backend="gloo")[0]
+        print(directory, flush=True)
+        return directory
 
     how = sys.argv[1]
     if how == "sigkill":
@@ -68,8 +81,11 @@ CALLER = textwrap.dedent("""
         spawner.join()
         os.kill(os.getpid(), signal.SIGKILL)
     if how == "interrupt":  # Ctrl-C in the middle of a case
-        start()
-        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        # Started as a background job of a script, this process inherits SIGINT ignored, and Python then
+        # leaves it ignored: the Ctrl-C would be lost before the harness could see it.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        directory = start()
+        threading.Thread(target=interrupt_once_napping, args=(directory, 2), daemon=True).start()
         run_ranks(nap, 2, backend="gloo")
 """)
 
@@ -82,9 +98,26 @@ def test_workers_die_with_their_caller(how):
     pids, directory = [int(pid) for pid in printed[0].split()], Path(printed[1])
     assert len(pids) == 3 and directory.name.startswith("vdpcp-pool-")  # two workers and the zygote
     if how == "interrupt":
-        assert "KeyboardInterrupt" in caller.stderr
+        assert "KeyboardInterrupt" in caller.stderr, f"the caller exited with {caller.returncode}, stderr {caller.stderr!r}"
     assert wait_until_gone(pids) == []
     assert not directory.exists()
+
+
+def test_an_interrupt_between_forks_leaves_no_worker_unowned(monkeypatch):
+    forked, fork = [], pool_module.WorkerProcess
+
+    def fork_then_interrupt(rank, zygote, directory):
+        if forked:
+            raise KeyboardInterrupt
+        forked.append(fork(rank, zygote, directory))
+        return forked[-1]
+
+    pool = WorkerPool()
+    monkeypatch.setattr(pool_module, "WorkerProcess", fork_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        pool.run(pickle.dumps((worker_and_parent, (), {})), 2, "gloo", timeout=60)
+    assert wait_until_gone([forked[0].pid], within=0) == []
+    assert forked[0].conn.closed  # the pool reaped it, rather than leaving it to die with the zygote
 
 
 def has_module(ctx, name):

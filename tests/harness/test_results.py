@@ -1,6 +1,7 @@
 """run_ranks hands every rank the same body and returns what each rank returned, in rank order."""
 
 import os
+import pickle
 import sys
 import types
 
@@ -9,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from vdpcp.harness import run_ranks
+from vdpcp.harness.pool import WorkerPool
 from vdpcp.harness.state import CASE_SEED
 
 
@@ -108,6 +110,20 @@ def test_what_ranks_print_reaches_the_callers_output(capsys):
     run_ranks(say_hello, 2)
     out = capsys.readouterr().out
     assert "[rank 0] hello from rank 0" in out and "[rank 1] hello from rank 1" in out
+
+
+def import_megatron(ctx):
+    import megatron.core.models.multimodal.context_parallel  # noqa: F401
+
+
+def test_megatrons_import_notices_are_not_among_what_ranks_print(capsys):
+    pool = WorkerPool()  # its own, preloading nothing: the rank imports megatron itself, as on a GPU machine
+    try:
+        pool.run(pickle.dumps((import_megatron, (), {})), 1, "gloo", timeout=120, preload=())
+    finally:
+        pool.shutdown()
+    out = capsys.readouterr().out
+    assert "is not installed" not in out and "No CUDA runtime" not in out, out
 
 
 def test_the_run_ranks_fixture_is_the_harness_function(run_ranks, request):

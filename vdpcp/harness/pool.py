@@ -80,8 +80,10 @@ class WorkerPool:
             self.shutdown()
             self._dir = Path(tempfile.mkdtemp(prefix="vdpcp-pool-"))
             self._zygote = Zygote(self._dir, preload, STARTUP_TIMEOUT_S)
-        starting = [WorkerProcess(rank, self._zygote, self._dir) for rank in range(len(self._workers), world_size)]
-        self._workers += starting
+        starting = []
+        for rank in range(len(self._workers), world_size):
+            starting.append(WorkerProcess(rank, self._zygote, self._dir))
+            self._workers.append(starting[-1])  # at once: a Ctrl-C at the next fork must not leave this one unowned
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while starting:
             if time.monotonic() > deadline:

@@ -1,0 +1,17 @@
+"""The check report as a CI log shows it: stdout is not a terminal there."""
+
+from vdpcp import report, scenarios
+from vdpcp.case import RankResult
+from vdpcp.runner import CaseResult
+
+LONG_WHY = ("a known upstream limit: MCore's gather backward needs NCCL for an uneven all_gather_into_tensor, "
+            "so on gloo the case fails the known way")
+
+
+def test_off_a_terminal_each_check_row_is_one_line_with_its_why_whole(capsys):
+    case = next(c for c in scenarios.matrix((8,)) if c.impl == "mcore")  # eight ranks: the widest per-rank columns
+    ranks = [RankResult(rank, 3, 1, 4000, backend="gloo", device="cpu") for rank in range(8)]
+    row = report.CheckRow("exact-remainder", "xfail", LONG_WHY, CaseResult(case, ranks, backend="gloo"), 1.0)
+    report.console().print(report.check_table([row], "gloo"))
+    lines = capsys.readouterr().out.splitlines()
+    assert any(LONG_WHY[:59] in line for line in lines), "\n".join(lines)  # the table shows 59 characters and "…"

@@ -1,0 +1,47 @@
+"""Third-party import notices are silenced precisely: the known messages, from their library, nothing else."""
+
+import logging
+import warnings
+
+import pytest
+
+from vdpcp.third_party import silence_import_notices
+
+TE_APEX = "Transformer Engine and Apex are not installed. Falling back to Torch optimizers."
+ABSL = "absl.logging is not installed. Using logging.getLogger(__name__) instead."
+
+
+@pytest.fixture(params=["pytest's filters", "vdpcp's alone"])
+def filters(request):
+    """The filters a test runs under (pytest's, with the lines vdpcp's plugin adds), or only the ones that
+    silence_import_notices() sets in the CLI, the rank zygote and its ranks."""
+    if request.param == "pytest's filters":
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.resetwarnings()
+        silence_import_notices()
+        yield
+
+
+def shown(message: str, module: str) -> list[str]:
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.warn_explicit(message, UserWarning, "megatron.py", 1, module=module, registry={})
+    return [str(w.message) for w in seen]
+
+
+@pytest.mark.parametrize("message", [TE_APEX, ABSL])
+def test_megatrons_notices_about_optional_packages_are_silenced(filters, message):
+    assert shown(message, "megatron.core.optimizer") == []
+
+
+@pytest.mark.parametrize("message, module", [("a real problem", "megatron.core.optimizer"), (TE_APEX, "another_library")])
+def test_every_other_warning_still_shows(filters, message, module):
+    assert shown(message, module) == [message]
+
+
+def test_torch_logs_no_cuda_runtime_silenced_and_its_other_logs_not():
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    record = lambda msg, arg: logger.makeRecord(logger.name, logging.WARNING, "cpp_extension.py", 1, msg, (arg,), None)  # noqa: E731
+    assert not logger.filter(record("No CUDA runtime is found, using CUDA_HOME=%r", "/usr/local"))
+    assert logger.filter(record("Error checking compiler version for %s", "c++"))

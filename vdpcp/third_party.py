@@ -1,0 +1,30 @@
+"""Notices that third-party libraries print when imported and that say nothing about a case, silenced one by one.
+
+megatron-core warns that Transformer Engine, Apex and absl are not installed (vdpcp needs none of them), and
+torch, which megatron has import its C++-extension builder, logs on a machine without CUDA that it found no
+CUDA runtime. Every rank that imports megatron printed them, and the harness echoes what ranks print as
+`[rank r]` lines into test output and check reports. Other warnings from these libraries still show.
+"""
+
+import logging
+import warnings
+
+MEGATRON_NOTICES = (r"Transformer Engine and Apex are not installed", r"absl\.logging is not installed")
+MEGATRON = r"megatron\."
+NO_CUDA_RUNTIME = "No CUDA runtime is found"
+
+
+def silence_import_notices() -> None:
+    for message in MEGATRON_NOTICES:
+        warnings.filterwarnings("ignore", message=message, category=UserWarning, module=MEGATRON)
+    logging.getLogger("torch.utils.cpp_extension").addFilter(_not_no_cuda_runtime)
+
+
+def pytest_filterwarnings() -> list[str]:
+    """The same warning filters as pytest's filterwarnings lines: pytest drops filters set while it loads
+    its plugins, and sets its own around each test."""
+    return [f"ignore:{message}:UserWarning:{MEGATRON}" for message in MEGATRON_NOTICES]
+
+
+def _not_no_cuda_runtime(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(NO_CUDA_RUNTIME)
