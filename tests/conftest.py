@@ -21,8 +21,13 @@ def pytest_configure(config):
     preload_case_modules((*BUILT_INS, "qwen2_5_vl"))
 
 
+# Not settings a test chose: pytest's own per-phase marker, and the cache folder torch's inductor exports the first
+# time a process imports it (through megatron-core or transformers, in whichever test first does).
+NOT_SETTINGS = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR")
+
+
 def _process_settings() -> dict:
-    environment = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}  # pytest's own, per phase
+    environment = {k: v for k, v in os.environ.items() if k not in NOT_SETTINGS}
     return {"harness configuration": dict(harness_config._configured), "environment": environment,
             "torch default dtype": torch.get_default_dtype()}
 

@@ -11,7 +11,7 @@ from vdpcp.fuzz import signature
 from vdpcp.runner import run_case
 
 REGRESSIONS = sorted((Path(__file__).resolve().parents[2] / "fixtures" / "regressions").glob("*.json"))
-RUNS = 3
+RUNS = 2
 
 
 def test_every_saved_regression_describes_its_case_and_failure():

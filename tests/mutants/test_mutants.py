@@ -16,6 +16,8 @@ from vdpcp.testing import backend_for
 
 MATRIX = {case.id: case for case in scenarios.matrix()}
 NAMES = sorted(MUTANTS)
+# Killed, and named, by its own test below (it waits out the TP all-reduce's timeout: once is enough).
+HUNTED = [name for name in NAMES if name != "tp-peer-skips-placeholder-tower"]
 
 
 def test_there_are_at_least_ten_mutants():
@@ -33,7 +35,7 @@ def test_kill_set_is_named_matrix_cases_expected_to_pass(name):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", HUNTED)
 def test_mutant_is_killed_by_a_named_case(name):
     found = hunt(name, [MATRIX[case_id] for case_id in MUTANTS[name].kills])
     assert found.killed, f"{name} ({MUTANTS[name].bug}) survived its kill set {found.tried}"
