@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vdpcp.model import Block
+
 
 @dataclass(frozen=True)
 class LMConfig:
@@ -31,15 +33,8 @@ class LMConfig:
         return self.hidden // 64 if self.hidden % 64 == 0 else 1
 
 
-class CausalBlock(nn.Module):
-    def __init__(self, hidden: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.norm1 = nn.LayerNorm(hidden)
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.out = nn.Linear(hidden, hidden)
-        self.norm2 = nn.LayerNorm(hidden)
-        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+class CausalBlock(Block):
+    """The tower's pre-norm block (same layers), attending causally over the one whole sequence."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, d = x.shape

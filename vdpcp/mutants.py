@@ -379,6 +379,33 @@ def _gather_on_default_group():
     return {"vdpcp.sharded:gather_features": gather}
 
 
+def _skipping_placeholder_ranks(skips):
+    """encode_sharded in which a rank holding only placeholders, where ``skips(model)`` says so, never runs its
+    tower: it hands the gather zeros of the placeholders' shape (still in backward, so every collective of the
+    gather is entered), as a rank that 'has nothing real to encode' would."""
+    import torch.distributed as dist
+
+    from vdpcp import sharded
+    from vdpcp.model import output_tokens
+
+    original = sharded.encode_sharded
+
+    def encode_sharded(model, batch, config, group=None):
+        if not config.shard_vision or not skips(model):
+            return original(model, batch, config, group)
+        plan = sharded.plan_for(batch.spec, config)
+        shard = plan.shard(dist.get_rank(group))
+        if shard.num_real_rows > 0:
+            return original(model, batch, config, group)
+        tokens = output_tokens((1, 1)) * shard.num_placeholders
+        skipped = batch.patches.new_zeros(tokens, model.config.lm_hidden, requires_grad=True)
+        gathered = sharded.gather_features(skipped, sharded.real_tokens(plan), group)
+        index = sharded.image_order(plan)
+        return gathered if index is None else gathered[index]
+
+    return {"vdpcp.sharded:encode_sharded": encode_sharded}
+
+
 @mutant(
     "placeholder-rank-skips-tower",
     "a rank that holds only placeholders skips the tower and hands the gather zeros of the right shape: outputs "
@@ -387,26 +414,7 @@ def _gather_on_default_group():
     kills=("three-images-cp4-reference-count", "one-image-cp2-reference-count"),
 )
 def _placeholder_rank_skips_tower():
-    import torch.distributed as dist
-
-    from vdpcp import sharded
-    from vdpcp.model import output_tokens
-
-    def encode_sharded(model, batch, config, group=None):
-        if not config.shard_vision:
-            return original(model, batch, config, group)
-        plan = sharded.plan_for(batch.spec, config)
-        shard = plan.shard(dist.get_rank(group))
-        if shard.num_real_rows > 0:
-            return original(model, batch, config, group)
-        tokens = output_tokens((1, 1)) * shard.num_placeholders
-        skipped = batch.patches.new_zeros(tokens, model.config.lm_hidden, requires_grad=True)  # still in backward
-        gathered = sharded.gather_features(skipped, sharded.real_tokens(plan), group)
-        index = sharded.image_order(plan)
-        return gathered if index is None else gathered[index]
-
-    original = sharded.encode_sharded
-    return {"vdpcp.sharded:encode_sharded": encode_sharded}
+    return _skipping_placeholder_ranks(lambda model: True)
 
 
 @mutant(
@@ -419,24 +427,13 @@ def _placeholder_rank_skips_tower():
 def _tp_peer_skips_placeholder_tower():
     import torch.distributed as dist
 
-    from vdpcp import sharded
-    from vdpcp.model import output_tokens
     from vdpcp.tensor_parallel import ParallelMLP
 
-    def encode_sharded(model, batch, config, group=None):
-        mlp = model.blocks[0].mlp if config.shard_vision else None
-        if not isinstance(mlp, ParallelMLP) or dist.get_rank(mlp.group) == 0:
-            return original(model, batch, config, group)
-        plan = sharded.plan_for(batch.spec, config)
-        shard = plan.shard(dist.get_rank(group))
-        if shard.num_real_rows > 0:
-            return original(model, batch, config, group)
-        skipped = batch.patches.new_zeros(output_tokens((1, 1)) * shard.num_placeholders, model.config.lm_hidden,
-                                          requires_grad=True)
-        return sharded.gather_features(skipped, sharded.real_tokens(plan), group)
+    def second_tp_rank(model) -> bool:
+        mlp = model.blocks[0].mlp
+        return isinstance(mlp, ParallelMLP) and dist.get_rank(mlp.group) > 0
 
-    original = sharded.encode_sharded
-    return {"vdpcp.sharded:encode_sharded": encode_sharded}
+    return _skipping_placeholder_ranks(second_tp_rank)
 
 
 @mutant(
