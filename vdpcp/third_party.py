@@ -1,6 +1,7 @@
 """Notices that third-party libraries print when imported and that say nothing about a case, silenced one by one.
 
-megatron-core warns that Transformer Engine, Apex and absl are not installed (vdpcp needs none of them), and
+megatron-core warns that Transformer Engine, Apex and absl are not installed (vdpcp needs none of them) and that
+an import inside its inference package will move (a deprecation of its own code, not of vdpcp's calls), and
 torch, which megatron has import its C++-extension builder, logs on a machine without CUDA that it found no
 CUDA runtime. Every rank that imports megatron printed them, and the harness echoes what ranks print as
 `[rank r]` lines into test output and check reports. Other warnings from these libraries still show.
@@ -9,21 +10,23 @@ CUDA runtime. Every rank that imports megatron printed them, and the harness ech
 import logging
 import warnings
 
-MEGATRON_NOTICES = (r"Transformer Engine and Apex are not installed", r"absl\.logging is not installed")
+MEGATRON_NOTICES = ((r"Transformer Engine and Apex are not installed", UserWarning),
+                    (r"absl\.logging is not installed", UserWarning),
+                    (r"The following imports from `dynamic_context\.py` will be removed", DeprecationWarning))
 MEGATRON = r"megatron\."
 NO_CUDA_RUNTIME = "No CUDA runtime is found"
 
 
 def silence_import_notices() -> None:
-    for message in MEGATRON_NOTICES:
-        warnings.filterwarnings("ignore", message=message, category=UserWarning, module=MEGATRON)
+    for message, category in MEGATRON_NOTICES:
+        warnings.filterwarnings("ignore", message=message, category=category, module=MEGATRON)
     logging.getLogger("torch.utils.cpp_extension").addFilter(_not_no_cuda_runtime)
 
 
 def pytest_filterwarnings() -> list[str]:
     """The same warning filters as pytest's filterwarnings lines: pytest drops filters set while it loads
     its plugins, and sets its own around each test."""
-    return [f"ignore:{message}:UserWarning:{MEGATRON}" for message in MEGATRON_NOTICES]
+    return [f"ignore:{message}:{category.__name__}:{MEGATRON}" for message, category in MEGATRON_NOTICES]
 
 
 def _not_no_cuda_runtime(record: logging.LogRecord) -> bool:
