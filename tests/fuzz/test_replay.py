@@ -146,3 +146,15 @@ def test_pytest_replay_of_a_bad_file_is_a_usage_error(pytester, tmp_path):
     result = pytester.runpytest(f"--replay={path}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert f"ERROR: --replay: {path}: field 'images'[0] = [8, 6]: sizes must be multiples of patch_dim=4" in result.stderr.str()
+
+
+def test_every_case_field_round_trips_through_a_saved_file(tmp_path):
+    from dataclasses import fields
+
+    from vdpcp import saved
+
+    case = Case(MicrobatchSpec(images=((8, 8),), name="x"), 2, impl="mcore", split="count", loss="zigzag",
+                vision_dp_over_cp=False, config_cp=4, dtype="bfloat16", even_pad=False, mutant="grad-averaged",
+                grads=False, dp=2, tp=1, tower="vit-l")
+    assert {f.name for f in fields(Case)} - {"spec"} == set(saved.CASE_TYPES)
+    assert saved.load(saved.save(tmp_path / "x.json", case, "fail: x")).to_case() == case
