@@ -1,6 +1,6 @@
 """Reports of `vdpcp check` and `vdpcp mutants`: a table for the terminal, JSON, and JUnit XML for CI.
 
-A check row is one case's judged result (vdpcp.scenarios.judge): pass, fail, error, xfail (a known upstream
+A check row is one case's judged result (vdpcp.expectations.judge): pass, fail, error, xfail (a known upstream
 limit failed the known way) or xpass (a strict xfail passed). A mutant row is one vdpcp.mutants.Hunt.
 Both become the same JUnit shape: xfail is a skipped test with its reason, fail/xpass a failure, error an error.
 """
@@ -27,7 +27,7 @@ ERRORS = (("out_err", "outputs"), ("input_grad_err", "input grads"), ("param_gra
 @dataclass
 class CheckRow:
     family: str
-    verdict: str  # as scenarios.judge says
+    verdict: str  # as vdpcp.expectations.judge says
     why: str
     result: object  # vdpcp.runner.CaseResult
     seconds: float

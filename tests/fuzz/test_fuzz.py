@@ -60,7 +60,7 @@ def test_draws_cover_placeholders_odd_grids_mixed_sizes_and_tubelets():
 # --- signatures (no ranks) ---------------------------------------------------------------------------------
 
 CASE = Case(MicrobatchSpec(images=((8, 8),)), 4)
-RAISED = """vdpcp.case.check_case (gloo, world size 4) failed on 2 of 4 ranks: rank 0 hung: still running 3 s after rank 2 raised ValueError: bad grid 1x1; rank 2 raised ValueError: bad grid 1x1
+RAISED = """vdpcp.runner.rank_body (gloo, world size 4) failed on 2 of 4 ranks: rank 0 hung: still running 3 s after rank 2 raised ValueError: bad grid 1x1; rank 2 raised ValueError: bad grid 1x1
 
 ----- rank 0: hung: still running 3 s after rank 2 raised ValueError: bad grid 1x1 -----
 Current thread (most recent call first):
