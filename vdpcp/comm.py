@@ -38,10 +38,15 @@ class _GatherFeatures(torch.autograd.Function):
     def backward(ctx, grad):
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, group=ctx.group)  # sum every rank's gradient for every row
-        start = sum(ctx.counts[: ctx.rank])
-        local_grad = grad.new_zeros(ctx.local_rows, *grad.shape[1:])
-        local_grad[: ctx.counts[ctx.rank]] = grad[start : start + ctx.counts[ctx.rank]]
-        return local_grad, None, None
+        return _own_rows(ctx, grad), None, None
+
+
+def _own_rows(ctx, grad: torch.Tensor) -> torch.Tensor:
+    """This rank's rows of a gradient for the whole gathered tensor, zero for its placeholder rows."""
+    start = sum(ctx.counts[: ctx.rank])
+    local_grad = grad.new_zeros(ctx.local_rows, *grad.shape[1:])
+    local_grad[: ctx.counts[ctx.rank]] = grad[start : start + ctx.counts[ctx.rank]]
+    return local_grad
 
 
 def all_reduce_sum(tensor: torch.Tensor, group=None) -> torch.Tensor:

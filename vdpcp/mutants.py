@@ -89,10 +89,7 @@ def _grad_not_summed():
     class NoSum(comm._GatherFeatures):
         @staticmethod
         def backward(ctx, grad):
-            start = sum(ctx.counts[: ctx.rank])
-            local_grad = grad.new_zeros(ctx.local_rows, *grad.shape[1:])
-            local_grad[: ctx.counts[ctx.rank]] = grad[start : start + ctx.counts[ctx.rank]]
-            return local_grad, None, None
+            return comm._own_rows(ctx, grad), None, None
 
     def gather(local, counts, group=None):
         assert len(counts) == dist.get_world_size(group)
@@ -452,10 +449,7 @@ def _backward_reduces_to_rank_0():
         def backward(ctx, grad):
             grad = grad.contiguous().clone()
             dist.reduce(grad, dst=dist.get_global_rank(ctx.group, 0) if ctx.group is not None else 0, group=ctx.group)
-            start = sum(ctx.counts[: ctx.rank])
-            local_grad = grad.new_zeros(ctx.local_rows, *grad.shape[1:])
-            local_grad[: ctx.counts[ctx.rank]] = grad[start : start + ctx.counts[ctx.rank]]
-            return local_grad, None, None
+            return comm._own_rows(ctx, grad), None, None
 
     def gather(local, counts, group=None):
         return ReducedToRank0.apply(local, list(counts), group)
