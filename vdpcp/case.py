@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from vdpcp.sharded import VisionDPConfig
+from vdpcp.protocol import VisionDPConfig
 from vdpcp.spec import MicrobatchSpec
 
 LOSSES = ("rank", "zigzag")

@@ -31,10 +31,10 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from vdpcp.protocol import DEFAULT_ALPHA
+
 STRATEGIES = ("count", "balanced", "packed")
 COSTS = ("patches", "attention")
-# The attention cost p*(p+alpha) needs alpha in tokens; about 3x the tower's hidden size (a peer's choice).
-DEFAULT_ALPHA = 96
 
 
 class PlanError(ValueError):

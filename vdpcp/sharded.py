@@ -8,29 +8,14 @@ the global feature set that every rank's media merge needs. Where the plan assig
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.distributed as dist
 
 from vdpcp.comm import gather_features
-from vdpcp.impls.base import Ownership, check_group
 from vdpcp.model import VisionModel, output_tokens
-from vdpcp.plan import DEFAULT_ALPHA, Plan, RankShard, make_plan
+from vdpcp.plan import Plan, RankShard, make_plan
+from vdpcp.protocol import Ownership, VisionDPConfig, check_group
 from vdpcp.spec import Microbatch, MicrobatchSpec
-
-
-@dataclass(frozen=True)
-class VisionDPConfig:
-    context_parallel_size: int = 1
-    vision_dp_over_cp: bool = True  # on by default, as shipped; self-disables at CP=1
-    strategy: str = "count"
-    cost: str = "patches"
-    alpha: int = DEFAULT_ALPHA
-
-    @property
-    def shard_vision(self) -> bool:
-        return self.vision_dp_over_cp and self.context_parallel_size > 1
 
 
 def plan_for(spec: MicrobatchSpec, config: VisionDPConfig) -> Plan:

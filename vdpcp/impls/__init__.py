@@ -13,7 +13,7 @@ import functools
 import importlib
 from importlib.metadata import entry_points
 
-from vdpcp.impls.base import (
+from vdpcp.protocol import (
     GLOO_NN_SUBGROUP,
     GROUP_MISMATCH_TEXT,
     REQUIRED,
@@ -21,7 +21,9 @@ from vdpcp.impls.base import (
     GroupMismatchError,
     Implementation,
     KnownLimit,
+    MediaAxes,
     Ownership,
+    VisionDPConfig,
     check_group,
 )
 
@@ -32,7 +34,8 @@ BUILT_INS = ("reference", "mcore")  # what `vdpcp check` runs when no --impl is 
 SHIPPED = {"reference": "vdpcp.impls.reference:reference", "mcore": "vdpcp.impls.mcore:mcore",
            "qwen2_5_vl": "vdpcp.impls.qwen2_5_vl:qwen2_5_vl"}
 
-__all__ = ["GLOO_NN_SUBGROUP", "GROUP_MISMATCH_TEXT", "GroupMismatchError", "ImplError", "Implementation", "KnownLimit", "Ownership",
+__all__ = ["GLOO_NN_SUBGROUP", "GROUP_MISMATCH_TEXT", "GroupMismatchError", "ImplError", "Implementation", "KnownLimit",
+           "MediaAxes", "Ownership", "VisionDPConfig",
            "available", "check_group", "resolve"]
 
 

@@ -14,7 +14,9 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from vdpcp.impls.base import (
+from vdpcp.model import output_tokens
+from vdpcp.plan import mcore_gives_up
+from vdpcp.protocol import (
     GLOO_NN_SUBGROUP,
     GROUP_MISMATCH_TEXT,
     GroupMismatchError,
@@ -22,8 +24,6 @@ from vdpcp.impls.base import (
     KnownLimit,
     check_group,
 )
-from vdpcp.model import output_tokens
-from vdpcp.plan import mcore_gives_up
 from vdpcp.sharded import encode_unsharded, ownership, plan_for, real_tokens
 
 PLACEHOLDER_TOKENS = output_tokens((1, 1))  # a P x P placeholder: a 1x1 grid, padded to 2x2, one token

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from vdpcp.impls.base import Implementation, KnownLimit, Ownership, check_group
+from vdpcp.protocol import Implementation, KnownLimit, Ownership, check_group
 
 MODELING = "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl"
 CHANNELS = 3

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from vdpcp import sharded
-from vdpcp.impls.base import Implementation, Ownership
 from vdpcp.plan import STRATEGIES
+from vdpcp.protocol import Implementation, Ownership
 
 
 class Reference(Implementation):

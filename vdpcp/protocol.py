@@ -1,0 +1,235 @@
+"""The one protocol an implementation of vision DP over CP meets to be held to vdpcp's matrix.
+
+This module is the bottom of the house: it imports nothing of vdpcp's (the default ``build_model`` reaches
+the toy tower lazily), so the case, the oracle, the reference and every adapter can stand on it.
+
+An implementation is an object (subclass ``Implementation``, or any object with ``name``, ``encode`` and
+``encode_sharded``) that says:
+
+- which model is under test: ``build_model(case, dtype, device)`` returns the vision tower + projector for a
+  case's microbatch. The SAME model (two instances with equal weights) runs unsharded as the reference and
+  sharded as the subject, so vdpcp's own toy tower is only the default;
+- how vdpcp's microbatch (``vdpcp.spec.Microbatch``: ``patches`` [1, total patches, 3*P*P], ``imgs_sizes``,
+  ``cu_seqlens``, and its ``spec``) becomes that model's input: ``inputs(batch)``, differentiably (the input
+  gradients vdpcp checks are those of ``batch.patches``, and what each rank's tower really read is found
+  through them);
+- the unsharded encode, ``encode(model, inputs)``: its outputs over the token rows, images in order;
+- the sharded encode, ``encode_sharded(model, inputs, config, group)``: on every rank of the CP ``group``,
+  the same outputs, gathered, in global image order. With ``config.shard_vision`` False (CP=1, or the
+  opt-out) it must issue no collective and return the unsharded result; ``group`` is then still the case's
+  CP group (one rank at CP=1). A ``config.context_parallel_size`` that disagrees with the group must raise,
+  on every rank and before any collective, an error whose text contains
+  "vision_dp_over_cp does not match its process group" (``check_group`` does exactly that).
+
+Outputs: one tensor [tokens, hidden], or several over the same token rows (a tuple, the first being the
+main features, or a dict name -> tensor, e.g. merged features and DeepStack levels). Every output is compared
+row for row and in its gradients, by name (``outputs_of``).
+
+Optional parts:
+
+- ``plan(spec, config)``: which rank encodes which row (an ``Ownership``), for the per-rank checks and the
+  plan-mismatch verdict; without one, ownership is inferred and the own-parameter check is left out;
+- ``replicated(spec, config)``: a fallback policy, the reason this microbatch is encoded whole on every CP
+  rank although ``config.shard_vision`` is on (e.g. below a size threshold), or None where it is sharded.
+  The matrix then expects replication there and sharding elsewhere;
+- ``known_limit(case, backend)``: a ``KnownLimit`` the case runs into on that backend (a strict xfail);
+- ``splits``: the names of its partitions (``config.strategy``; any names: the matrix runs each and
+  ``--split`` accepts them); ``media``: what its tower takes (``MediaAxes``), so the matrix draws
+  microbatches that mean something to it; ``scenarios()``: microbatches of its own for the matrix (e.g. on
+  both sides of a fallback threshold); ``preload``: modules the rank workers import once;
+  ``tensor_parallel``: TP sizes its tower supports (``case.tp``; its TP group is
+  ``vdpcp.layout.groups(...).tp``), for the CP x TP layout cases.
+
+Nothing else in vdpcp branches on an implementation's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+GROUP_MISMATCH_TEXT = "vision_dp_over_cp does not match its process group"
+MAIN_OUTPUT = "features"
+# The reference's attention cost p*(p+alpha) needs alpha in tokens; about 3x the tower's hidden size.
+DEFAULT_ALPHA = 96
+
+
+@dataclass(frozen=True)
+class VisionDPConfig:
+    """The feature's switches as a VLM's config holds them; ``strategy`` names the implementation's split."""
+
+    context_parallel_size: int = 1
+    vision_dp_over_cp: bool = True  # on by default, as shipped; self-disables at CP=1
+    strategy: str = "count"
+    cost: str = "patches"
+    alpha: int = DEFAULT_ALPHA
+
+    @property
+    def shard_vision(self) -> bool:
+        return self.vision_dp_over_cp and self.context_parallel_size > 1
+
+
+class GroupMismatchError(ValueError):
+    """The configured CP size disagrees with the process group the split would run on."""
+
+
+def check_group(config: VisionDPConfig, group_size: int, name: str) -> None:
+    """Raise GroupMismatchError (locally, so every rank raises and none hangs) on a CP size mismatch."""
+    if config.context_parallel_size != group_size:
+        raise GroupMismatchError(
+            f"{name}: {GROUP_MISMATCH_TEXT}: "
+            f"context_parallel_size={config.context_parallel_size} but the CP group has {group_size} ranks"
+        )
+
+
+@dataclass(frozen=True)
+class KnownLimit:
+    """An upstream limit: the case must fail, and its failure text must contain ``signature``.
+
+    ``grads_only``: only the backward runs into it, so the matrix also checks the case's outputs alone.
+    """
+
+    name: str
+    reason: str
+    signature: str
+    grads_only: bool = False
+
+
+# Measured here (torch 2.14): torch.distributed.nn.functional's all_to_all falls back on gloo to one scatter per
+# rank and passes the group rank i as if it were the global rank of the source, so on any process group that is
+# not ranks 0..n-1 (a CP group of the second DP replica) it raises. all_gather's backward goes through it too.
+# Any implementation whose gather uses those autograd collectives meets it in a CP x DP layout on gloo.
+GLOO_NN_SUBGROUP = KnownLimit(
+    "gloo-nn-collective-subgroup",
+    "torch.distributed.nn.functional's all_to_all (also all_gather's backward) on gloo scatters from group rank i "
+    "passed as global rank i, so it raises on any CP group but the first (data parallelism around CP); it runs "
+    "for real on NCCL",
+    "is not part of group",
+)
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Which CP rank encodes which microbatch row, as an implementation plans it.
+
+    ``owner[row]``: the rank that encodes that image or frame row (every frame of a tubelet has its tubelet's
+    rank). ``tokens[row]``: the output tokens the row contributes to the gathered features, which are in row
+    order (a tubelet's tokens on its first frame, 0 on the others). ``placeholders[rank]``: placeholder images
+    the rank encodes besides its real rows.
+    """
+
+    owner: tuple[int, ...]
+    tokens: tuple[int, ...]
+    placeholders: tuple[int, ...]
+
+    def rows_of(self, rank: int) -> list[int]:
+        return [row for row, r in enumerate(self.owner) if r == rank]
+
+
+@dataclass(frozen=True)
+class MediaAxes:
+    """What an implementation's tower takes, so the matrix's microbatches mean something to it.
+
+    ``patch_dim``: pixels per patch side (the matrix's sizes are scaled to it, patch grids unchanged);
+    ``temporal_patch_sizes``: the spec's tubelet sizes T it encodes as such (1: images only; a video scenario
+    at another T runs at the largest of these below it); ``min_grid``: the smallest patch-grid side an image
+    may have; ``min_rows_per_rank``: patch rows per rank below which it takes another path (a local padding
+    floor, say), so the matrix adds microbatches that give every rank more.
+    """
+
+    patch_dim: int = 4
+    temporal_patch_sizes: tuple[int, ...] = (1, 2, 4)
+    min_grid: int = 1
+    min_rows_per_rank: int = 0
+
+
+class Implementation:
+    """Defaults for the optional parts; ``build_model``, ``encode`` and ``encode_sharded`` are the subject's."""
+
+    name: str = "unnamed"
+    splits: tuple[str, ...] = ("count",)
+    preload: tuple[str, ...] = ()
+    tensor_parallel: tuple[int, ...] = ()  # TP sizes its build_model supports (case.tp), for the CP x TP layouts
+    media: MediaAxes = MediaAxes()
+
+    def build_model(self, case, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+        from vdpcp.model import TOWERS, TowerConfig, VisionModel
+
+        tower = TowerConfig(patch_dim=case.spec.patch_dim, temporal_patch_size=case.spec.temporal_patch_size,
+                            pad_odd_grids=case.even_pad, seed=case.spec.seed, **TOWERS[case.tower])
+        return VisionModel(tower).to(device=device, dtype=dtype)
+
+    def inputs(self, batch) -> Any:
+        return batch
+
+    def encode(self, model, inputs):
+        raise NotImplementedError(f"{type(self).__name__}.encode")
+
+    def encode_sharded(self, model, inputs, config: VisionDPConfig, group):
+        raise NotImplementedError(f"{type(self).__name__}.encode_sharded")
+
+    def plan(self, spec, config: VisionDPConfig) -> Ownership | None:
+        return None
+
+    def replicated(self, spec, config: VisionDPConfig) -> str | None:
+        return None
+
+    def known_limit(self, case, backend: str) -> KnownLimit | None:
+        return None
+
+    def scenarios(self) -> tuple:
+        return ()
+
+    def __repr__(self) -> str:
+        return f"<vdpcp implementation {self.name!r}>"
+
+
+class Adapted(Implementation):
+    """An object that is not an Implementation but has its required methods: the defaults fill the rest."""
+
+    def __init__(self, subject):
+        self._subject = subject
+        self.name = str(subject.name)
+
+    def __getattribute__(self, attr):
+        subject = object.__getattribute__(self, "_subject")
+        if attr in PROTOCOL and hasattr(subject, attr):
+            return getattr(subject, attr)
+        return object.__getattribute__(self, attr)
+
+
+REQUIRED = ("name", "encode", "encode_sharded")
+PROTOCOL = REQUIRED + ("build_model", "inputs", "plan", "replicated", "known_limit", "splits", "media", "scenarios",
+                       "preload", "tensor_parallel")
+
+
+class OutputsError(TypeError):
+    """An encode that returned something other than tensors over shared token rows."""
+
+
+def outputs_of(value, where: str) -> dict[str, torch.Tensor]:
+    """An encode's outputs by name: a tensor is ``features``; a tuple's first is ``features``, then ``output1``,
+    ...; a dict keeps its names. Every output must hold the same token rows (its leading dimension)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        named = {MAIN_OUTPUT: value}
+    elif isinstance(value, tuple | list) and value:
+        named = {MAIN_OUTPUT if i == 0 else f"output{i}": v for i, v in enumerate(value)}
+    elif isinstance(value, Mapping) and value:
+        named = dict(value)
+    else:
+        raise OutputsError(f"{where} returned {type(value).__name__}; expected a tensor, a tuple of tensors or a "
+                           f"dict of name -> tensor")
+    for name, tensor in named.items():
+        if not isinstance(name, str) or not isinstance(tensor, torch.Tensor) or tensor.dim() < 1:
+            raise OutputsError(f"{where}: output {name!r} is {type(tensor).__name__}; expected a tensor [tokens, ...] "
+                               f"named by a string")
+    rows = {name: t.shape[0] for name, t in named.items()}
+    if len(set(rows.values())) > 1:
+        raise OutputsError(f"{where}: outputs hold different token rows {rows}; expected every output over the same rows")
+    return named
