@@ -30,8 +30,8 @@ def add_run_options(parser) -> None:
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="seconds before a case counts as hung")
 
 
-IMPL_HELP = ("a registered implementation (reference, mcore, qwen2_5_vl, or one an installed package adds to the "
-             "vdpcp.implementations entry points) or module:object")
+IMPL_HELP = ("a registered implementation (reference, mcore, qwen2_5_vl, automodel, automodel-shipped, or one an installed "
+             "package adds to the vdpcp.implementations entry points) or module:object")
 
 
 def checked_impls(targets) -> tuple[str, ...]:
