@@ -1,9 +1,9 @@
 """Every test starts from a known state and leaves it so; rank workers start with the heavy imports preloaded.
 
-The preload: the case modules and the imports of the built-ins (MCore) and of the Qwen2.5-VL adapter tested in
-tests/impls (transformers), one import per pool, not one per rank. The guard: a test (or an in-process CLI
-call inside it) that leaves the harness configuration, the environment or torch's default dtype changed fails,
-so no setting reaches the next test (a GPU job once ran gloo because one did).
+The preload: the case modules and the imports of the built-ins (MCore) and of the adapters tested in tests/impls
+(transformers' Qwen2.5-VL and Qwen3-VL towers, Automodel's sharding), one import per pool, not one per rank. The
+guard: a test (or an in-process CLI call inside it) that leaves the harness configuration, the environment or
+torch's default dtype changed fails, so no setting reaches the next test (a GPU job once ran gloo because one did).
 """
 
 import os
@@ -18,7 +18,7 @@ from vdpcp.runner import preload_case_modules
 
 def pytest_configure(config):
     # The plugin's session settings scope it: restored at pytest_unconfigure.
-    preload_case_modules((*BUILT_INS, "qwen2_5_vl"))
+    preload_case_modules((*BUILT_INS, "qwen2_5_vl", "automodel"))
 
 
 # Not settings a test chose: pytest's own per-phase marker, and the cache folder torch's inductor exports the first

@@ -1,0 +1,189 @@
+"""NeMo Automodel's frame-level CP vision sharding around transformers' Qwen3-VL tower (vdpcp.impls.automodel),
+held to vdpcp's oracle: how it is installed (the pinned release, without its dependencies, imports with ours);
+the tower's input against Qwen3-VL's own image and video processors; the outputs (merged features and every
+DeepStack level); the shipped thresholds, whose statement (``replicated``) is checked against what Automodel's
+towers really encoded on each rank, with microbatches on both sides of each threshold; and a subset of the
+matrix for both subjects at CP 1, 2, 4 and 8."""
+
+import importlib
+import tomllib
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vdpcp import scenarios
+from vdpcp.case import Case
+from vdpcp.harness import run_ranks
+from vdpcp.impls import resolve
+from vdpcp.impls.automodel import MODELING, PATCH, SHARDING, SPLIT, automodel, automodel_shipped, token_grids
+from vdpcp.protocol import MAIN_OUTPUT, VisionDPConfig
+from vdpcp.spec import MicrobatchSpec
+from vdpcp.testing import assert_case, params
+
+ROOT = Path(__file__).resolve().parents[2]
+SUBSET = ("one-image", "three-images", "eleven-images", "mixed-sizes", "video-t2-ragged", "video-and-images")
+TABLE = [s for s in scenarios.scenarios(fixtures=None) if s.spec.name in SUBSET]
+
+
+def _spec(name):
+    return next(s.spec for s in TABLE if s.spec.name == name)
+
+
+# --- installed as code under test --------------------------------------------------------------------------
+
+
+def _pin(lines, package):
+    return next(line.split("==")[1].strip() for line in lines if line.strip().startswith(f"{package}=="))
+
+
+def test_the_pinned_automodel_runs_on_the_projects_transformers():
+    """Installed without its dependencies: the module under test imports with ours alone (the rank zygote, which
+    tests/conftest.py has preload it, also refuses a preload that starts a thread), and transformers stays ours."""
+    importlib.import_module(SHARDING)
+    no_deps = (ROOT / "requirements" / "no-deps.txt").read_text().splitlines()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert version("nemo-automodel") == _pin(no_deps, "nemo-automodel")
+    assert version("transformers") == _pin(project, "transformers")  # not Automodel's own pin, 5.18.0
+    assert set(automodel.preload) == {SHARDING, MODELING}
+
+
+def test_both_subjects_are_registered_by_their_names():
+    assert resolve("automodel") is automodel and resolve("automodel-shipped") is automodel_shipped
+    assert automodel.splits == automodel_shipped.splits == (SPLIT,)
+
+
+# --- the tower's input: Qwen3-VL's processors -----------------------------------------------------------------
+
+
+def _pixels(patches: torch.Tensor, grid) -> torch.Tensor:
+    """One image row of vdpcp's patches ([h * w, C*P*P], row-major, each patch (C, P, P)) as a [C, H, W] image."""
+    gh, gw = grid
+    return patches.reshape(gh, gw, 3, PATCH, PATCH).permute(2, 0, 3, 1, 4).reshape(3, gh * PATCH, gw * PATCH)
+
+
+def test_images_are_packed_as_qwen3_vls_image_processor_packs_them():
+    import transformers
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+
+    processor = getattr(transformers, IMAGE_PROCESSOR_MAPPING_NAMES["qwen3_vl"]["pil"])()
+    spec = MicrobatchSpec(tuple((h * PATCH, w * PATCH) for h, w in ((4, 6), (2, 8), (6, 2))), patch_dim=PATCH)
+    batch = spec.tensors(dtype=torch.float32)  # the processor patchifies in float32: equal to the bit
+    inputs, cu = automodel.inputs(batch), batch.cu_seqlens.tolist()
+    expected = [processor.patchify(_pixels(batch.patches[0, cu[i] : cu[i + 1]], grid).numpy(), PATCH, 2, 2)
+                for i, grid in enumerate(spec.grids)]
+    assert inputs.grid_thw.tolist() == [[1, gh, gw] for _, gh, gw in expected]
+    assert torch.equal(inputs.pixel_values, torch.from_numpy(np.concatenate([e[0] for e in expected])))
+
+
+def test_a_video_is_packed_as_qwen3_vls_video_processor_packs_it():
+    """An odd frame count too: the processor repeats the last frame up to a whole temporal patch."""
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    frames = ((4 * PATCH, 2 * PATCH),) * 3 + ((2 * PATCH, 2 * PATCH),)
+    spec = MicrobatchSpec(frames, num_frames=(3, 1), temporal_patch_size=2, patch_dim=PATCH)
+    batch = spec.tensors()
+    inputs, cu = automodel.inputs(batch), batch.cu_seqlens.tolist()
+    video = torch.stack([_pixels(batch.patches[0, cu[f] : cu[f + 1]], spec.grids[f]) for f in range(3)])[None]
+    patches, t, h, w = Qwen3VLVideoProcessor().patchify(video, patch_size=PATCH, merge_size=2, temporal_patch_size=2)
+    assert inputs.grid_thw.tolist()[0] == [t, h, w] == [2, 4, 2]
+    assert torch.equal(inputs.pixel_values[: t * h * w], patches[0])
+
+
+# --- the outputs ---------------------------------------------------------------------------------------------
+
+
+def test_every_deepstack_level_is_an_output_over_the_merged_token_rows():
+    spec = _spec("video-and-images")
+    model = automodel.build_model(Case(spec, 1, "automodel"), torch.float64, torch.device("cpu"))
+    inputs = automodel.inputs(spec.tensors())
+    out = automodel.encode(model, inputs)
+    assert list(out) == [MAIN_OUTPUT, "deepstack0", "deepstack1"]
+    tokens = int(inputs.grid_thw.prod(dim=1).sum()) // 4
+    assert {name: tuple(t.shape) for name, t in out.items()} == {name: (tokens, 48) for name in out}
+    assert not torch.allclose(out["deepstack0"], out["deepstack1"])  # two mergers on two layers, not one copy
+
+
+def test_without_sharding_no_collective_runs_and_the_result_is_the_unsharded_one():
+    """No process group exists in this process: a collective would raise."""
+    spec = _spec("video-and-images")
+    model = automodel.build_model(Case(spec, 1, "automodel"), torch.float64, torch.device("cpu"))
+    inputs = automodel.inputs(spec.tensors())
+    expected = automodel.encode(model, inputs)
+    for config in (VisionDPConfig(1, strategy=SPLIT), VisionDPConfig(2, vision_dp_over_cp=False, strategy=SPLIT)):
+        out = automodel.encode_sharded(model, inputs, config, None)
+        assert all(torch.equal(out[name], expected[name]) for name in expected)
+
+
+def test_a_split_that_is_not_automodels_is_refused_naming_it():
+    spec = _spec("one-image")
+    model = automodel.build_model(Case(spec, 1, "automodel"), torch.float64, torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"automodel: split 'count' is not Automodel's; expected one of \('contiguous"):
+        automodel.encode_sharded(model, automodel.inputs(spec.tensors()), VisionDPConfig(1), None)
+
+
+# --- the shipped thresholds -----------------------------------------------------------------------------------
+
+
+def _workload(spec):
+    """(frame units, merged tokens) as the tower's own input counts them."""
+    grid_thw = automodel.inputs(spec.tensors()).grid_thw
+    return int(grid_thw[:, 0].sum()), int(grid_thw.prod(dim=1).sum()) // 4
+
+
+def test_the_threshold_scenarios_sit_on_each_side_of_automodels_released_thresholds():
+    from nemo_automodel.components.distributed.cp_vision_frame_shard import CpVisionFrameShardingConfig
+
+    released = CpVisionFrameShardingConfig()
+    workloads = {spec.name: _workload(spec) for spec in automodel_shipped.scenarios()}
+    name = automodel_shipped.name
+    assert workloads == {
+        f"{name}-tokens-{released.min_tokens - 1}": (len(token_grids(released.min_tokens - 1)), released.min_tokens - 1),
+        f"{name}-tokens-{released.min_tokens}": (len(token_grids(released.min_tokens)), released.min_tokens),
+        f"{name}-frames-{released.min_frames - 1}": (released.min_frames - 1, released.min_frames - 1),
+        f"{name}-frames-{released.min_frames}": (released.min_frames, released.min_frames),
+    }
+    assert all(units < released.min_frames for units, _ in list(workloads.values())[:2])
+    assert automodel.scenarios() == ()  # thresholds 0: no decision to straddle
+
+
+def tower_saw_everything(ctx, target: str, spec_dict: dict) -> bool:
+    """On every rank: did Automodel call this rank's tower on the whole microbatch (replicated)?"""
+    impl, spec = resolve(target), MicrobatchSpec.from_dict(spec_dict)
+    model = impl.build_model(Case(spec, ctx.world_size, target), torch.float64, ctx.device)
+    inputs = impl.inputs(spec.tensors(device=ctx.device))
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(args[0]))
+    with torch.no_grad():
+        impl.encode_sharded(model, inputs, VisionDPConfig(ctx.world_size, strategy=SPLIT), ctx.group)
+    return len(calls) == 1 and calls[0].shape == inputs.pixel_values.shape and torch.equal(calls[0], inputs.pixel_values)
+
+
+@pytest.mark.parametrize("target, spec", [
+    *[("automodel-shipped", s) for s in automodel_shipped.scenarios()],
+    ("automodel-shipped", _spec("video-and-images")),
+    ("automodel", _spec("three-images")),
+    ("automodel", automodel_shipped.scenarios()[0]),
+], ids=lambda value: getattr(value, "name", value))
+def test_replicated_says_where_automodels_towers_encode_the_whole_microbatch(target, spec):
+    impl, cp = resolve(target), 2
+    whole = run_ranks(tower_saw_everything, cp, target, spec.to_dict())
+    assert whole == [impl.replicated(spec, VisionDPConfig(cp, strategy=SPLIT)) is not None] * cp
+
+
+# --- the matrix ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case", params("automodel", table=TABLE))
+def test_matrix(case):
+    assert_case(case)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case", params("automodel-shipped", cps=(2,), special=False, table=[
+    scenarios.Scenario("thresholds", spec, cps=(2,)) for spec in automodel_shipped.scenarios()]))
+def test_shipped_thresholds(case):
+    assert_case(case)
