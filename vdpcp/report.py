@@ -1,8 +1,10 @@
 """Reports of `vdpcp check` and `vdpcp mutants`: a table for the terminal, JSON, and JUnit XML for CI.
 
-A check row is one case's judged result (vdpcp.expectations.judge): pass, fail, error, xfail (a known upstream
-limit failed the known way) or xpass (a strict xfail passed). A mutant row is one vdpcp.mutants.Hunt.
-Both become the same JUnit shape: xfail is a skipped test with its reason, fail/xpass a failure, error an error.
+A check row is one case's judged result (vdpcp.expectations.judge): pass, replicated (encoded whole on every rank,
+as the implementation's fallback policy says), fail, plan-mismatch, not-sharded, error, xfail (a known upstream
+limit failed the known way) or xpass (a strict xfail passed). A mutant row is one vdpcp.mutants.Hunt. Both become
+the same JUnit shape: pass and replicated pass, xfail (and a mutant that does not apply) is a skipped test with its
+reason, error an error, anything else a failure whose message starts with its verdict (a property says it too).
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ def check_record(row: CheckRow) -> dict:
 def check_junit(row: CheckRow) -> dict:
     junit = _junit_case(row.case.id, f"vdpcp.check.{row.family}", row.seconds, row.verdict,
                         row.why or _first_failure(row.result), row.result.summary())
-    junit["properties"] = {"backend": row.result.backend, "device": row.result.device}
+    junit["properties"] = {"backend": row.result.backend, "device": row.result.device, "verdict": row.verdict}
     return junit
 
 
@@ -180,7 +182,7 @@ def write_junit(path: Path, suite: str, cases: list[dict]) -> None:
 
 
 def _junit_case(name, classname, seconds, verdict, message, detail) -> dict:
-    outcome = {"pass": "passed", "xfail": "skipped", "error": "error"}.get(verdict, "failure")
+    outcome = {"pass": "passed", "replicated": "passed", "xfail": "skipped", "error": "error"}.get(verdict, "failure")
     return {"name": name, "classname": classname, "seconds": seconds, "outcome": outcome,
             "message": f"{verdict}: {message}" if message else verdict, "detail": detail}
 

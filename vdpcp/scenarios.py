@@ -153,7 +153,7 @@ def cases_of(scenario: Scenario, cps=CP_SIZES, impls=BUILT_INS, splits=None, los
                 if spec is None:
                     continue
                 own = resolve(impl).splits
-                for split in own[:1] if primary else [s for s in own if splits is None or s in splits]:
+                for split in [s for s in (own[:1] if primary else own) if splits is None or s in splits]:
                     case = Case(spec, cp, impl, split, loss, dp=dp, tp=tp)
                     if split != own[0] and (loss != "rank" or _same_plan_as_an_earlier_split(case, own)):
                         continue  # the zigzag subset runs the first split; an identical plan is an identical run
@@ -247,21 +247,21 @@ def matrix(cps=CP_SIZES, impls=BUILT_INS, splits=None, losses=LOSSES, table: lis
         if layouts:
             for scenario in (s for s in table if s.layouts):
                 for dp in (d for c, d in LAYOUTS if c == cp):
-                    out += cases_of(scenario, (cp,), impls, losses=("rank",), dp=dp, primary=True)
+                    out += cases_of(scenario, (cp,), impls, splits, ("rank",), dp=dp, primary=True)
                 for tp in (t for c, t in TP_LAYOUTS if c == cp):
-                    out += cases_of(scenario, (cp,), impls, losses=("rank",), tp=tp, primary=True)
+                    out += cases_of(scenario, (cp,), impls, splits, ("rank",), tp=tp, primary=True)
         if not special:
             continue
-        out += cases_of(Scenario("empty", EMPTY), (cp,), impls, losses=("rank",), primary=True)
+        out += cases_of(Scenario("empty", EMPTY), (cp,), impls, splits, ("rank",), primary=True)
         for name, opt_cps in OPT_OUT:
             if cp in opt_cps and name in by_name:
-                out += [c.with_(vision_dp_over_cp=False) for c in cases_of(by_name[name], (cp,), impls, losses=("rank",),
+                out += [c.with_(vision_dp_over_cp=False) for c in cases_of(by_name[name], (cp,), impls, splits, ("rank",),
                                                                            primary=True) if c.grads]
         three = by_name.get("three-images", Scenario("", EMPTY))
         for group, configured, dp in MISMATCHES:
             if group == cp:
                 out += [c.with_(config_cp=configured, dp=dp) for c in cases_of(replace(three, cps=(cp,)), (cp,), impls,
-                                                                               losses=("rank",), primary=True) if c.grads]
+                                                                               splits, ("rank",), primary=True) if c.grads]
     return sorted(out, key=lambda case: case.world_size)
 
 

@@ -9,7 +9,8 @@ from dataclasses import replace
 import torch.distributed as dist
 
 from vdpcp.impls.reference import Reference
-from vdpcp.protocol import check_group
+from vdpcp.protocol import MediaAxes, check_group
+from vdpcp.spec import MicrobatchSpec
 
 
 class Replicating(Reference):
@@ -99,3 +100,24 @@ thresholded = Thresholded()
 ignores_its_policy = IgnoresItsPolicy()
 two_outputs = TwoOutputs()
 second_output_ungathered = SecondOutputUngathered()
+
+
+class OwnPartition(Reference):
+    """The reference's count split under a name of its own, a tower with a local floor of 50 patch rows, and a
+    microbatch of its own: what an implementation from outside declares about itself."""
+
+    name = "own-partition"
+    splits = ("contiguous",)
+    media = MediaAxes(patch_dim=8, temporal_patch_sizes=(1, 2), min_grid=2, min_rows_per_rank=50)
+
+    def encode_sharded(self, model, batch, config, group):
+        return super().encode_sharded(model, batch, replace(config, strategy="count"), group)
+
+    def plan(self, spec, config):
+        return super().plan(spec, replace(config, strategy="count"))
+
+    def scenarios(self):
+        return (MicrobatchSpec(images=((64, 64),) * 3, patch_dim=8, seed=3, name="own-three-large"),)
+
+
+own_partition = OwnPartition()
