@@ -93,10 +93,16 @@ class RankResult:
     placeholders: int = 0
     patches: int = 0  # patches of those real rows
     encoded: int = -1  # rows the tower's first layer really saw on this rank (-1: not measured)
+    read: list[int] | None = None  # microbatch rows whose patches reached this rank's tower (None: not measured)
     out_err: float = 0.0
     input_grad_err: float = 0.0
     param_grad_err: float = 0.0
-    failures: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)  # a check of outputs, gradients or execution did not hold
+    # Correct, but the work was not distributed where it should be (a rank encoded rows it does not own, the
+    # microbatch was encoded more than once): never a pass, and not a wrong result either.
+    not_sharded: list[str] = field(default_factory=list)
+    plan_mismatch: list[str] = field(default_factory=list)  # what ran contradicts the implementation's stated plan
+    replicated: str | None = None  # the implementation's fallback policy encoded this microbatch whole, and why
     backend: str = ""  # what this rank really ran on (the harness's RankContext), not what was asked for
     device: str = ""
     # The unsharded encoder itself raised (e.g. an odd real grid with even padding off): the spec cannot be
@@ -105,4 +111,4 @@ class RankResult:
 
     @property
     def ok(self) -> bool:
-        return not self.failures and self.unsharded_error is None
+        return not self.failures and not self.not_sharded and not self.plan_mismatch and self.unsharded_error is None

@@ -15,7 +15,8 @@ import re
 from vdpcp.case import Case
 from vdpcp.impls import GROUP_MISMATCH_TEXT, KnownLimit, resolve
 
-PASSING = ("pass", "xfail")
+# pass and replicated are a correct run as the case expects it; xfail, a known upstream limit met the known way.
+PASSING = ("pass", "replicated", "xfail")
 # A case expected to fail a known way has one rank raise while the others wait in the collective: the raising
 # rank's error is all the verdict needs (its text carries the signature), so the others get this long, not the
 # harness's 3 s: measured 0.94 -> 0.78 s a case for the CP=4 MCore xfails (0.5 s -> 0.1 s).
@@ -53,8 +54,9 @@ def group_error_problems(case: Case, text: str) -> list[str]:
 def judge(result) -> tuple[str, str]:
     """(verdict, why) of a CaseResult against the case's expectation, on the backend it ran on.
 
-    Verdicts: pass, fail, error (as the runner says), xfail (a known limit failed the known way), xpass (a
-    strict xfail passed: the limit is gone). Only pass and xfail count as passing.
+    Verdicts: those of the runner (pass, replicated, fail, plan-mismatch, not-sharded, error, unsharded-error),
+    xfail (a known limit failed the known way), xpass (a strict xfail passed: the limit is gone). Only pass,
+    replicated and xfail count as passing.
     """
     case = result.case
     if expects_group_error(case):
@@ -62,6 +64,8 @@ def judge(result) -> tuple[str, str]:
         return ("pass", "the documented error on every rank") if not problems else ("fail", "; ".join(problems))
     limit = known_limit(case, result.backend)
     if limit is None:
+        if result.verdict == "replicated":
+            return "replicated", next(f"by its policy: {r.replicated}" for r in result.ranks if r.replicated)
         return result.verdict, ""
     if result.passed:
         return "xpass", f"expected to fail ({limit.name}) but passed: {limit.reason}"

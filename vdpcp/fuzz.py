@@ -87,12 +87,13 @@ def signature(result: CaseResult) -> str | None:
     An error is the first raising rank's exception type and message; a failed check is the first failing
     rank's first check message. Numbers, and lists of them, become '#' (they change as the spec shrinks).
     """
-    if result.verdict in ("pass", "unsharded-error"):
+    if result.passed or result.verdict == "unsharded-error":
         return None
     if result.verdict == "error":
         return "error: " + _normalized(failing_rank(result)[1])
-    first = next(r for r in result.ranks if r.failures)
-    return "fail: " + _normalized(first.failures[0])
+    attr = {"fail": "failures", "plan-mismatch": "plan_mismatch", "not-sharded": "not_sharded"}[result.verdict]
+    first = next(r for r in result.ranks if getattr(r, attr))
+    return f"{result.verdict}: " + _normalized(getattr(first, attr)[0])
 
 
 def failing_rank(result: CaseResult) -> tuple[int, str, str]:
@@ -263,5 +264,5 @@ def _count(report: FuzzReport, result: CaseResult, shrinking: bool) -> None:
         report.shrink_runs += 1
     else:
         report.drawn += 1
-    report.passed += result.verdict == "pass"
+    report.passed += result.passed
     report.unsharded_errors += result.verdict == "unsharded-error"

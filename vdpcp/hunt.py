@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vdpcp.mutants import NOT_APPLICABLE
 from vdpcp.runner import run_judged
 
 
@@ -15,17 +16,23 @@ class Hunt:
     killed_by: str | None = None
     verdict: str = ""  # the killing case's verdict (fail or error) and why
     tried: list[str] = field(default_factory=list)
+    not_applicable: str | None = None  # why the implementation has nothing this mutant changes
 
     @property
     def killed(self) -> bool:
         return self.killed_by is not None
+
+    @property
+    def survived(self) -> bool:
+        return not self.killed and self.not_applicable is None
 
 
 def hunt(name: str, cases, backend: str | None = None, timeout: float | None = None, on_case=None) -> Hunt:
     """Run ``cases`` (un-mutated) with mutant ``name`` applied, stopping at the first kill.
 
     A case kills the mutant when its verdict is not passing (an expected xfail that fails the expected way
-    does not count). ``on_case(case, verdict)`` is called after each.
+    does not count); a mutant that says it does not apply to the implementation stops the hunt as such.
+    ``on_case(case, verdict)`` is called after each.
     """
     found = Hunt(name)
     for case in cases:
@@ -33,6 +40,10 @@ def hunt(name: str, cases, backend: str | None = None, timeout: float | None = N
         found.tried.append(case.id)
         if on_case is not None:
             on_case(case, judged.verdict)
+        error = judged.result.error or ""
+        if NOT_APPLICABLE in error:  # every rank said so: the implementation lacks what the mutant changes
+            found.not_applicable = error[error.index(NOT_APPLICABLE):].splitlines()[0]
+            break
         if not judged.passing:
             found.killed_by = case.id
             found.verdict = f"{judged.verdict}: {judged.why or _first_failure(judged.result)}"

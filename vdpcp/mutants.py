@@ -16,6 +16,8 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from vdpcp.protocol import MAIN_OUTPUT
+
 
 @dataclass(frozen=True)
 class Mutant:
@@ -347,8 +349,10 @@ def _even_grid_padding_skipped():
     kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count"),
 )
 def _replicated_loss():
-    def rank_loss(features, weights, rank):
-        return (sum(weights) * features).sum()
+    from vdpcp import oracle
+
+    def rank_loss(outputs, weights, rank):
+        return oracle.weighted(outputs, {name: sum(w) for name, w in weights.items()})
 
     return {"vdpcp.oracle:rank_loss": rank_loss}
 
@@ -461,16 +465,32 @@ def _backward_reduces_to_rank_0():
 
 
 class _Wrapped:
-    """An implementation with its sharded encode changed; everything else is the subject's own."""
+    """An implementation with its sharded encode's outputs changed; everything else is the subject's own.
 
-    def __init__(self, subject, encode_sharded):
-        self._subject, self._encode_sharded = subject, encode_sharded
+    ``change(outputs, config, group)`` gets the subject's outputs by name (vdpcp.protocol.outputs_of) and
+    returns them changed; ``around`` (optional) runs the subject's encode itself instead.
+    """
+
+    def __init__(self, subject, change=None, around=None):
+        self._subject, self._change, self._around = subject, change, around
 
     def __getattr__(self, attr):
         return getattr(self._subject, attr)
 
     def encode_sharded(self, model, inputs, config, group):
-        return self._encode_sharded(self._subject, model, inputs, config, group)
+        from vdpcp.protocol import outputs_of
+
+        if self._around is not None:
+            return self._around(self._subject, model, inputs, config, group)
+        outputs = outputs_of(self._subject.encode_sharded(model, inputs, config, group), "encode_sharded")
+        return self._change(outputs, config, group) if config.shard_vision else outputs
+
+
+class MutantDoesNotApply(RuntimeError):
+    """The implementation lacks what the mutant changes (a second output, say): nothing to mutate."""
+
+
+NOT_APPLICABLE = "mutant does not apply"
 
 
 def _cp_rank(group) -> int:
@@ -488,12 +508,35 @@ def _cp_rank(group) -> int:
 def _features_rolled_on_last_rank(impl):
     import torch.distributed as dist
 
-    def encode_sharded(subject, model, inputs, config, group):
-        features = subject.encode_sharded(model, inputs, config, group)
-        last = _cp_rank(group) == dist.get_world_size(group) - 1
-        return features.roll(1, 0) if config.shard_vision and last and features.shape[0] > 1 else features
+    def change(outputs, config, group):
+        features = outputs[MAIN_OUTPUT]
+        if _cp_rank(group) == dist.get_world_size(group) - 1 and features.shape[0] > 1:
+            outputs[MAIN_OUTPUT] = features.roll(1, 0)
+        return outputs
 
-    return _Wrapped(impl, encode_sharded)
+    return _Wrapped(impl, change)
+
+
+@generic(
+    "secondary-output-rolled-on-last-rank",
+    "a second output over the same tokens (DeepStack features, say) is gathered out of rank order on the last CP "
+    "rank: the main features are right everywhere",
+    kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count"),
+)
+def _secondary_output_rolled_on_last_rank(impl):
+    import torch.distributed as dist
+
+    def change(outputs, config, group):
+        secondary = [name for name in outputs if name != MAIN_OUTPUT]
+        if not secondary:
+            raise MutantDoesNotApply(f"{NOT_APPLICABLE}: {impl.name} returns one output, so it has no second one to "
+                                     f"get wrong")
+        last = secondary[-1]
+        if _cp_rank(group) == dist.get_world_size(group) - 1 and outputs[last].shape[0] > 1:
+            outputs[last] = outputs[last].roll(1, 0)
+        return outputs
+
+    return _Wrapped(impl, change)
 
 
 @generic(
@@ -514,11 +557,10 @@ def _grad_dropped_on_rank_1(impl):
         def backward(ctx, grad):
             return torch.zeros_like(grad)
 
-    def encode_sharded(subject, model, inputs, config, group):
-        features = subject.encode_sharded(model, inputs, config, group)
-        return ZeroGrad.apply(features) if config.shard_vision and _cp_rank(group) == 1 else features
+    def change(outputs, config, group):
+        return {name: ZeroGrad.apply(t) for name, t in outputs.items()} if _cp_rank(group) == 1 else outputs
 
-    return _Wrapped(impl, encode_sharded)
+    return _Wrapped(impl, change)
 
 
 @generic(
@@ -542,11 +584,10 @@ def _loss_replicated(impl):
         def backward(ctx, grad):
             return comm.all_reduce_sum(grad.contiguous(), ctx.group), None
 
-    def encode_sharded(subject, model, inputs, config, group):
-        features = subject.encode_sharded(model, inputs, config, group)
-        return SumGradOverGroup.apply(features, group) if config.shard_vision else features
+    def change(outputs, config, group):
+        return {name: SumGradOverGroup.apply(t, group) for name, t in outputs.items()}
 
-    return _Wrapped(impl, encode_sharded)
+    return _Wrapped(impl, change)
 
 
 @generic(
@@ -570,4 +611,4 @@ def _tower_detached_on_last_rank(impl):
             for p in params:
                 p.requires_grad_(True)
 
-    return _Wrapped(impl, encode_sharded)
+    return _Wrapped(impl, around=encode_sharded)

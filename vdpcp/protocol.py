@@ -135,14 +135,14 @@ class MediaAxes:
     """What an implementation's tower takes, so the matrix's microbatches mean something to it.
 
     ``patch_dim``: pixels per patch side (the matrix's sizes are scaled to it, patch grids unchanged);
-    ``temporal_patch_sizes``: the spec's tubelet sizes T it encodes as such (1: images only; a video scenario
-    at another T runs at the largest of these below it); ``min_grid``: the smallest patch-grid side an image
+    ``temporal_patch_sizes``: the spec's tubelet sizes T it encodes as such (None: any; a video scenario at
+    another T runs at the largest of these not above it); ``min_grid``: the smallest patch-grid side an image
     may have; ``min_rows_per_rank``: patch rows per rank below which it takes another path (a local padding
     floor, say), so the matrix adds microbatches that give every rank more.
     """
 
     patch_dim: int = 4
-    temporal_patch_sizes: tuple[int, ...] = (1, 2, 4)
+    temporal_patch_sizes: tuple[int, ...] | None = None
     min_grid: int = 1
     min_rows_per_rank: int = 0
 

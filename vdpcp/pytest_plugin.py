@@ -120,7 +120,8 @@ def pytest_addoption_replay(parser):
                     help="run this spec (repeatable) as the only test, sharded against unsharded")
     group.addoption("--replay-cp", type=int, default=None, metavar="N", help="CP ranks (default: the file's, or its name's -cp<N> tag)")
     group.addoption("--replay-impl", default=None, metavar="IMPL", help="implementation (default: the file's, else reference)")
-    group.addoption("--replay-split", choices=SPLITS, default=None, help="split strategy (default: the file's, else count)")
+    group.addoption("--replay-split", default=None, metavar="SPLIT",
+                    help=f"the implementation's partition (default: the file's, else its first; the reference's: {', '.join(SPLITS)})")
     group.addoption("--replay-dtype", choices=DTYPES, default=None, help="dtype (default: the file's, else float64)")
     group.addoption("--replay-no-even-pad", action="store_const", const=False, default=None, help="switch off even-grid padding")
     group.addoption("--replay-mutant", default=None, metavar="NAME", help="apply a named mutant of the sharded path")

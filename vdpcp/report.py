@@ -1,8 +1,10 @@
 """Reports of `vdpcp check` and `vdpcp mutants`: a table for the terminal, JSON, and JUnit XML for CI.
 
-A check row is one case's judged result (vdpcp.expectations.judge): pass, fail, error, xfail (a known upstream
-limit failed the known way) or xpass (a strict xfail passed). A mutant row is one vdpcp.mutants.Hunt.
-Both become the same JUnit shape: xfail is a skipped test with its reason, fail/xpass a failure, error an error.
+A check row is one case's judged result (vdpcp.expectations.judge): pass, replicated (encoded whole on every rank,
+as the implementation's fallback policy says), fail, plan-mismatch, not-sharded, error, xfail (a known upstream
+limit failed the known way) or xpass (a strict xfail passed). A mutant row is one vdpcp.mutants.Hunt. Both become
+the same JUnit shape: pass and replicated pass, xfail (and a mutant that does not apply) is a skipped test with its
+reason, error an error, anything else a failure whose message starts with its verdict (a property says it too).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from rich.table import Table
 
 from vdpcp.cli import UsageError
 
-STYLES = {"pass": "green", "xfail": "yellow", "killed": "green", "fail": "bold red", "error": "bold red",
-          "xpass": "bold red", "survived": "bold red", "unsharded-error": "bold red"}
+STYLES = {"pass": "green", "replicated": "green", "xfail": "yellow", "killed": "green", "n/a": "yellow",
+          "fail": "bold red", "error": "bold red", "xpass": "bold red", "survived": "bold red",
+          "unsharded-error": "bold red", "plan-mismatch": "bold red", "not-sharded": "bold magenta"}
 ERRORS = (("out_err", "outputs"), ("input_grad_err", "input grads"), ("param_grad_err", "param grads"))
 
 
@@ -46,7 +49,7 @@ class MutantRow:
 
     @property
     def verdict(self) -> str:
-        return "killed" if self.hunt.killed else "survived"
+        return "killed" if self.hunt.killed else "n/a" if self.hunt.not_applicable else "survived"
 
 
 LOG_WIDTH = 1000  # wider than any table: at 200 a CP-8 check table squeezed its `why` column to a word a line
@@ -117,7 +120,7 @@ def check_record(row: CheckRow) -> dict:
 def check_junit(row: CheckRow) -> dict:
     junit = _junit_case(row.case.id, f"vdpcp.check.{row.family}", row.seconds, row.verdict,
                         row.why or _first_failure(row.result), row.result.summary())
-    junit["properties"] = {"backend": row.result.backend, "device": row.result.device}
+    junit["properties"] = {"backend": row.result.backend, "device": row.result.device, "verdict": row.verdict}
     return junit
 
 
@@ -130,21 +133,24 @@ def mutants_table(rows: list[MutantRow], backend: str) -> Table:
         table.add_column(name, no_wrap=name in ("mutant", "killed by"), justify="right" if name in ("tried", "s") else "left")
     for row in rows:
         h = row.hunt
-        killer = f"[{STYLES[row.verdict]}]{h.killed_by or 'SURVIVED'}[/]"
-        table.add_row(h.mutant, row.bug, killer, _short(h.verdict, 90), str(len(h.tried or [])), f"{row.seconds:.1f}")
+        killer = f"[{STYLES[row.verdict]}]{h.killed_by or ('n/a' if h.not_applicable else 'SURVIVED')}[/]"
+        table.add_row(h.mutant, row.bug, killer, _short(h.verdict or h.not_applicable or "", 90), str(len(h.tried or [])),
+                      f"{row.seconds:.1f}")
     return table
 
 
 def mutant_record(row: MutantRow) -> dict:
     h = row.hunt
-    return {"mutant": h.mutant, "bug": row.bug, "verdict": row.verdict, "killed_by": h.killed_by, "how": h.verdict,
+    return {"mutant": h.mutant, "bug": row.bug, "verdict": row.verdict, "killed_by": h.killed_by,
+            "how": h.verdict or h.not_applicable or "",
             "tried": h.tried, "seconds": round(row.seconds, 3)}
 
 
 def mutant_junit(row: MutantRow) -> dict:
     h = row.hunt
-    verdict = "pass" if h.killed else "fail"
-    message = f"killed by {h.killed_by}: {h.verdict}" if h.killed else f"survived {len(h.tried or [])} cases"
+    verdict = "pass" if h.killed else "xfail" if h.not_applicable else "fail"
+    message = (f"killed by {h.killed_by}: {h.verdict}" if h.killed else h.not_applicable if h.not_applicable
+               else f"survived {len(h.tried or [])} cases")
     return _junit_case(h.mutant, "vdpcp.mutants", row.seconds, verdict, message, row.bug)
 
 
@@ -176,7 +182,7 @@ def write_junit(path: Path, suite: str, cases: list[dict]) -> None:
 
 
 def _junit_case(name, classname, seconds, verdict, message, detail) -> dict:
-    outcome = {"pass": "passed", "xfail": "skipped", "error": "error"}.get(verdict, "failure")
+    outcome = {"pass": "passed", "replicated": "passed", "xfail": "skipped", "error": "error"}.get(verdict, "failure")
     return {"name": name, "classname": classname, "seconds": seconds, "outcome": outcome,
             "message": f"{verdict}: {message}" if message else verdict, "detail": detail}
 

@@ -24,6 +24,9 @@ from vdpcp.impls import resolve
 RANK_PRELOAD = ("vdpcp.runner",)
 
 
+CORRECT = ("pass", "replicated")  # verdicts of a run whose every check held
+
+
 @dataclass
 class CaseResult:
     case: Case
@@ -37,22 +40,30 @@ class CaseResult:
 
     @property
     def verdict(self) -> str:
+        """error, unsharded-error, fail (a result is wrong), plan-mismatch (right, but not what the plan says ran),
+        not-sharded (right, but the work was not distributed), replicated (right, and encoded whole on every rank
+        as the implementation's fallback policy says), or pass; the first that applies."""
         if self.error is not None:
             return "error"
         if any(r.unsharded_error is not None for r in self.ranks):
             return "unsharded-error"  # the spec cannot be encoded even unsharded: not a sharding failure
-        return "pass" if all(r.ok for r in self.ranks) else "fail"
+        for verdict, attr in (("fail", "failures"), ("plan-mismatch", "plan_mismatch"), ("not-sharded", "not_sharded")):
+            if any(getattr(r, attr) for r in self.ranks):
+                return verdict
+        return "replicated" if any(r.replicated for r in self.ranks) else "pass"
 
     @property
     def passed(self) -> bool:
-        return self.verdict == "pass"
+        return self.verdict in CORRECT
 
     @property
     def failures(self) -> list[str]:
+        """Every rank's messages, wrong results first, then plan mismatches, then work not distributed."""
         if self.error is not None:
             return [self.error]
         unsharded = [f"rank {r.rank}: unsharded encoder raised {r.unsharded_error}" for r in self.ranks if r.unsharded_error]
-        return unsharded + [f"rank {r.rank}: {msg}" for r in self.ranks for msg in r.failures]
+        return unsharded + [f"rank {r.rank}: {msg}" for attr in ("failures", "plan_mismatch", "not_sharded")
+                            for r in self.ranks for msg in getattr(r, attr)]
 
     def max_err(self, attr: str) -> float:
         return max((getattr(r, attr) for r in self.ranks), default=float("nan"))
@@ -60,6 +71,9 @@ class CaseResult:
     def summary(self) -> str:
         """One paragraph: the case, where it ran, what each rank encoded, and what failed."""
         lines = [f"{self.case.id}: {self.verdict} (on {self.backend or '?'}, {self.device})"]
+        replicated = next((r.replicated for r in self.ranks if r.replicated), None)
+        if replicated:
+            lines.append(f"  replicated by the implementation's policy: {replicated}")
         for r in self.ranks:
             lines.append(f"  rank {r.rank}: {r.images} images, {r.placeholders} placeholders, {r.patches} patches"
                          + (f", its tower saw {r.encoded} rows" if r.encoded >= 0 else ""))

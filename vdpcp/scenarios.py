@@ -11,12 +11,14 @@ vdpcp.expectations' business, not this table's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from vdpcp.case import LOSSES, Case
 from vdpcp.impls import BUILT_INS, resolve
 from vdpcp.plan import STRATEGIES
+from vdpcp.protocol import MediaAxes
 from vdpcp.sharded import plan_for
 from vdpcp.spec import MicrobatchSpec, SpecError
 
@@ -35,6 +37,7 @@ class Scenario:
     cps: tuple[int, ...] = CP_SIZES
     zigzag: bool = False  # also run the zigzag loss (the representative subset)
     layouts: bool = False  # also run with data parallelism around CP (LAYOUTS)
+    adapt: bool = True  # drawn anew for each implementation's tower (its MediaAxes); a user's spec file is run as it is
 
 
 def _spec(name: str, images, *, frames=None, T: int = 1, seed: int = 0) -> MicrobatchSpec:
@@ -129,25 +132,73 @@ def spec_scenarios(path: Path, cps=CP_SIZES) -> list[Scenario]:
         from vdpcp import saved
 
         pairs = [(path, saved.load(path).spec)]
-    table = [Scenario(_family_of(p, path if path.is_dir() else p.parent), spec, tuple(cps)) for p, spec in pairs]
+    table = [Scenario(_family_of(p, path if path.is_dir() else p.parent), spec, tuple(cps), adapt=False)
+             for p, spec in pairs]
     _check_unique(table)
     return table
 
 
-def cases_of(scenario: Scenario, cps=CP_SIZES, impls=BUILT_INS, splits=STRATEGIES, losses=LOSSES, dp: int = 1,
-             tp: int = 1) -> list[Case]:
-    """One scenario's cases at the given CP sizes (and DP replicas, TP size), in the matrix's order (see matrix)."""
+def cases_of(scenario: Scenario, cps=CP_SIZES, impls=BUILT_INS, splits=None, losses=LOSSES, dp: int = 1,
+             tp: int = 1, primary: bool = False) -> list[Case]:
+    """One scenario's cases at the given CP sizes (and DP replicas, TP size), in the matrix's order (see matrix).
+
+    ``splits``: the partitions to run (None: every one each implementation names); ``primary``: only each
+    implementation's first partition (the layouts and special rows).
+    """
     out = []
     for cp in (c for c in scenario.cps if c in cps):
         for loss in (loss for loss in LOSSES if loss in losses and (loss == "rank" or scenario.zigzag)):
             for impl in (i for i in impls if tp == 1 or tp in resolve(i).tensor_parallel):
-                for split in (s for s in resolve(impl).splits if s in splits):
-                    case = Case(scenario.spec, cp, impl, split, loss, dp=dp, tp=tp)
-                    if split != "count" and (loss != "rank" or _same_plan_as_an_earlier_split(case)):
-                        continue  # the zigzag subset runs the count split; an identical plan is an identical run
+                spec = spec_for(scenario, resolve(impl).media)
+                if spec is None:
+                    continue
+                own = resolve(impl).splits
+                for split in [s for s in (own[:1] if primary else own) if splits is None or s in splits]:
+                    case = Case(spec, cp, impl, split, loss, dp=dp, tp=tp)
+                    if split != own[0] and (loss != "rank" or _same_plan_as_an_earlier_split(case, own)):
+                        continue  # the zigzag subset runs the first split; an identical plan is an identical run
                     out.append(case)
                     out += outputs_only(case)
     return out
+
+
+def spec_for(scenario: Scenario, media: MediaAxes) -> MicrobatchSpec | None:
+    """The scenario's microbatch as it means something to a tower that takes ``media``: sizes scaled to its
+    patch size (grids kept), grids below its minimum raised to it, tubelets at the largest T it takes."""
+    spec = scenario.spec
+    if not scenario.adapt:
+        return spec
+    T = spec.temporal_patch_size
+    if media.temporal_patch_sizes is not None and T not in media.temporal_patch_sizes:
+        fits = [t for t in media.temporal_patch_sizes if t <= T]
+        if not fits:
+            return None
+        T = max(fits)
+    P, side = media.patch_dim, lambda n: max(n // spec.patch_dim, media.min_grid) * media.patch_dim
+    images = tuple((side(h), side(w)) for h, w in spec.images)
+    if (images, T, P) == (spec.images, spec.temporal_patch_size, spec.patch_dim):
+        return spec
+    return replace(spec, images=images, temporal_patch_size=T, patch_dim=P,
+                   num_frames=spec.num_frames if spec.num_frames is not None or T == 1 else spec.media_frames)
+
+
+def large_scenarios(media: MediaAxes, cps=CP_SIZES) -> list[Scenario]:
+    """Where a tower takes another path below ``min_rows_per_rank`` patch rows per rank: at each CP size, a
+    remainder of 2 x CP + 1 images each larger than that alone, so every rank's share is past it."""
+    if media.min_rows_per_rank <= 0:
+        return []
+    grid = math.isqrt(media.min_rows_per_rank) + 1
+    grid += grid % 2  # even, so merging towers take it as it is
+    size = [grid * media.patch_dim] * 2
+    return [Scenario("large", _spec(f"large-cp{cp}", [size] * (2 * cp + 1), seed=40 + cp), (cp,), adapt=False)
+            for cp in cps]
+
+
+def implementation_scenarios(impl: str) -> list[Scenario]:
+    """The implementation's own rows of the matrix: past its local floor, and the microbatches it adds itself."""
+    subject = resolve(impl)
+    own = [Scenario("own", spec, adapt=False) for spec in subject.scenarios()]
+    return large_scenarios(subject.media) + own
 
 
 def outputs_only(case: Case) -> list[Case]:
@@ -159,12 +210,15 @@ def outputs_only(case: Case) -> list[Case]:
     return [case.with_(grads=False)] if limit is not None and limit.grads_only else []
 
 
-def _same_plan_as_an_earlier_split(case: Case) -> bool:
-    """True when a split listed before the case's in STRATEGIES plans the same shards in the same order."""
+def _same_plan_as_an_earlier_split(case: Case, splits) -> bool:
+    """True when a split listed before the case's plans the same shards in the same order (for vdpcp's own
+    strategies, whose plans it can compute; an implementation's own partitions always run)."""
     if not case.config.shard_vision:
         return True
+    if case.split not in STRATEGIES:
+        return False
     plan = plan_for(case.spec, case.config)
-    earlier = STRATEGIES[: STRATEGIES.index(case.split)]
+    earlier = [s for s in splits[: splits.index(case.split)] if s in STRATEGIES]
     return any(_same_plan(plan, plan_for(case.spec, case.with_(split=s).config)) for s in earlier)
 
 
@@ -172,36 +226,42 @@ def _same_plan(a, b) -> bool:
     return a.shards == b.shards and a.order == b.order
 
 
-def matrix(cps=CP_SIZES, impls=BUILT_INS, splits=STRATEGIES, losses=LOSSES, table: list[Scenario] | None = None,
+def matrix(cps=CP_SIZES, impls=BUILT_INS, splits=None, losses=LOSSES, table: list[Scenario] | None = None,
            special: bool = True, layouts: bool = True) -> list[Case]:
     """Every case, grouped by world size (the harness rebuilds its process group only when that changes).
 
-    ``special`` adds the opt-out, process-group mismatch and empty-microbatch rows; ``layouts`` the CP x DP
-    cases of the scenarios marked for them (at the CP sizes asked for), and their CP x TP cases for the
-    implementations with a tensor-parallel tower.
+    ``special`` adds the opt-out, process-group mismatch and empty-microbatch rows, and each implementation's
+    own scenarios (implementation_scenarios); ``layouts`` the CP x DP cases of the scenarios marked for them
+    (at the CP sizes asked for), and their CP x TP cases for the implementations with a tensor-parallel tower.
     """
     table = scenarios() if table is None else table
     by_name = {s.spec.name: s for s in table}
+    own = {impl: implementation_scenarios(impl) for impl in impls} if special else {}
     out = []
     for cp in sorted(cps):
         for scenario in table:
             out += cases_of(scenario, (cp,), impls, splits, losses)
+        for impl, extra in own.items():
+            for scenario in extra:
+                out += cases_of(scenario, (cp,), (impl,), splits, losses)
         if layouts:
             for scenario in (s for s in table if s.layouts):
                 for dp in (d for c, d in LAYOUTS if c == cp):
-                    out += cases_of(scenario, (cp,), impls, ("count",), ("rank",), dp=dp)
+                    out += cases_of(scenario, (cp,), impls, splits, ("rank",), dp=dp, primary=True)
                 for tp in (t for c, t in TP_LAYOUTS if c == cp):
-                    out += cases_of(scenario, (cp,), impls, ("count",), ("rank",), tp=tp)
+                    out += cases_of(scenario, (cp,), impls, splits, ("rank",), tp=tp, primary=True)
         if not special:
             continue
-        out += cases_of(Scenario("empty", EMPTY), (cp,), impls, ("count",), ("rank",))
+        out += cases_of(Scenario("empty", EMPTY), (cp,), impls, splits, ("rank",), primary=True)
         for name, opt_cps in OPT_OUT:
             if cp in opt_cps and name in by_name:
-                out += [Case(by_name[name].spec, cp, impl, vision_dp_over_cp=False) for impl in impls]
-        spec = by_name.get("three-images", Scenario("", EMPTY)).spec
+                out += [c.with_(vision_dp_over_cp=False) for c in cases_of(by_name[name], (cp,), impls, splits, ("rank",),
+                                                                           primary=True) if c.grads]
+        three = by_name.get("three-images", Scenario("", EMPTY))
         for group, configured, dp in MISMATCHES:
             if group == cp:
-                out += [Case(spec, cp, impl, config_cp=configured, dp=dp) for impl in impls]
+                out += [c.with_(config_cp=configured, dp=dp) for c in cases_of(replace(three, cps=(cp,)), (cp,), impls,
+                                                                               splits, ("rank",), primary=True) if c.grads]
     return sorted(out, key=lambda case: case.world_size)
 
 
@@ -215,7 +275,7 @@ def family_of(case: Case, table: list[Scenario] | None = None) -> str:
         return "opt-out"
     if case.spec == EMPTY:
         return "empty"
-    for scenario in scenarios() if table is None else table:
+    for scenario in (scenarios() if table is None else table) + implementation_scenarios(case.impl):
         if scenario.spec.name == case.spec.name:
             return scenario.family
     return "spec"

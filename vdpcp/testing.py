@@ -76,7 +76,7 @@ def assert_case(case: Case) -> None:
         f"the case was marked for {expected} but ran on {result.backend}: a setting leaked between tests")
     if judged.verdict == "xfail":
         raise KnownUpstreamLimit(f"{judged.why}\n{result.summary()}")
-    assert judged.verdict == "pass", f"{judged.verdict}: {judged.why}\n{result.summary()}".strip()
+    assert result.passed, f"{judged.verdict}: {judged.why}\n{result.summary()}".strip()
 
 
 def expand(impl: str, cps=scenarios.CP_SIZES, **filters):

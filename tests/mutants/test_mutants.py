@@ -17,7 +17,8 @@ from vdpcp.testing import backend_for
 MATRIX = {case.id: case for case in scenarios.matrix()}
 NAMES = sorted(MUTANTS)
 # Killed, and named, by its own test below (it waits out the TP all-reduce's timeout: once is enough).
-HUNTED = [name for name in NAMES if name != "tp-peer-skips-placeholder-tower"]
+# The secondary-output mutant needs a second output, which the reference does not have: its own tests below.
+HUNTED = [name for name in NAMES if name not in ("tp-peer-skips-placeholder-tower", "secondary-output-rolled-on-last-rank")]
 
 
 def test_there_are_at_least_ten_mutants():
@@ -71,3 +72,23 @@ def test_a_rank_that_skips_its_tensor_parallel_tower_is_named_not_hung():
     # the first rank to give up is the skipper's TP peer, and every other rank's report points at it
     assert ("rank 6 raised vdpcp.tensor_parallel.TPPeerMissing: rank 6: TP MLP of block 0 all-reduce waited "
             f"{TP_WAIT_S:g} s: TP peer rank(s) [7] never entered it") in headline, headline
+
+
+@pytest.mark.distributed
+def test_the_secondary_output_mutant_does_not_apply_to_one_output_and_says_why():
+    found = hunt("secondary-output-rolled-on-last-rank", [MATRIX["three-images-cp4-reference-count"]])
+    assert not found.killed and not found.survived, found
+    assert found.not_applicable.startswith("mutant does not apply: reference returns one output"), found
+
+
+@pytest.mark.distributed
+def test_the_secondary_output_mutant_is_killed_where_there_is_a_second_output():
+    target = "tests.oracle.subjects:two_outputs"
+    cases = [MATRIX[k].with_(impl=target) for k in MUTANTS["secondary-output-rolled-on-last-rank"].kills]
+    clean = run_case(cases[0])
+    assert clean.verdict == "pass", clean.summary()
+    found = hunt("secondary-output-rolled-on-last-rank", cases)
+    assert found.killed, found
+    result = run_case(cases[0].with_(mutant="secondary-output-rolled-on-last-rank"))
+    assert any("outputs 'deepstack0'" in f for f in result.failures), result.summary()
+    assert not any("outputs 'features'" in f for f in result.failures), result.summary()

@@ -2,7 +2,8 @@
 
 Each subcommand module defines ``register(subparsers)``, which adds its parser and sets ``func``
 (a callable taking the parsed args and returning the exit code). Exit codes: 0 every case passed,
-1 a case failed (or the fuzzer found a failure), 2 bad input.
+1 a case failed (or the fuzzer found a failure), 2 bad input, 3 (check, replay) every result was right but
+some microbatch was not sharded where it should have been.
 """
 
 import argparse
@@ -12,9 +13,10 @@ import pkgutil
 import sys
 
 # Choices the subcommands share, kept literal so `vdpcp --help` need not import torch; tests/unit/test_cli.py
-# holds them equal to vdpcp.case.DTYPES / LOSSES and vdpcp.plan.STRATEGIES. Implementations are not a fixed
-# choice: --impl takes a registered name or module:object (vdpcp.impls.resolve checks it).
-SPLITS = ("count", "balanced", "packed")
+# holds them equal to vdpcp.case.DTYPES / LOSSES and vdpcp.plan.STRATEGIES. Implementations and their
+# partitions are not a fixed choice: --impl takes a registered name or module:object (vdpcp.impls.resolve
+# checks it), --split any partition an implementation names (checked_splits).
+SPLITS = ("count", "balanced", "packed")  # the reference's
 DTYPES = ("float64", "float32", "bfloat16")
 LOSSES = ("rank", "zigzag")
 BACKENDS = ("auto", "nccl", "gloo")
@@ -44,6 +46,25 @@ def checked_impls(targets) -> tuple[str, ...]:
         except ImplError as err:
             raise UsageError(str(err)) from None
     return tuple(targets)
+
+
+def checked_splits(splits, impls) -> tuple[str, ...] | None:
+    """--split names as the implementations name their partitions: one usage error for a name none of them
+    has; a note on stderr for each implementation whose cases a name leaves out. None (every partition) if unset."""
+    from vdpcp.impls import resolve
+
+    if not splits:
+        return None
+    own = {impl: resolve(impl).splits for impl in impls}
+    for split in splits:
+        if not any(split in names for names in own.values()):
+            known = "; ".join(f"{impl}: {', '.join(names)}" for impl, names in own.items())
+            raise UsageError(f"--split {split}: no implementation selected has this partition ({known})")
+    for impl, names in own.items():
+        if not set(splits) & set(names):
+            print(f"note: --split {' '.join(splits)} leaves out every case of {impl} (its partitions: "
+                  f"{', '.join(names)})", file=sys.stderr)
+    return tuple(splits)
 
 
 def build_parser() -> argparse.ArgumentParser:

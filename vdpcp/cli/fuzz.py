@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from vdpcp.cli import UsageError, checked_impls
+from vdpcp.cli import UsageError, checked_impls, checked_splits
 from vdpcp.cli.replay import add_case_arguments, check_mutant
 
 DEFAULT_OUT = Path("fuzz-out")
@@ -40,12 +40,14 @@ def main(args) -> int:
     budget = DEFAULT_BUDGET if args.budget is None else args.budget
     if budget < 1:
         raise UsageError(f"--budget {budget}: expected a positive number of microbatches")
+    from vdpcp.impls import resolve
     from vdpcp.runner import preload_case_modules
 
     check_mutant(args.mutant)
     impl = checked_impls([args.impl or "reference"])[0]
+    split = (checked_splits([args.split], [impl]) or resolve(impl).splits)[0]
     preload_case_modules([impl])
-    search = Search(args.cp, budget, args.seed, impl=impl, split=args.split or "count", dtype=args.dtype or "float64",
+    search = Search(args.cp, budget, args.seed, impl=impl, split=split, dtype=args.dtype or "float64",
                     even_pad=args.even_pad is not False, mutant=args.mutant, backend=args.backend, timeout=args.timeout)
     start = time.monotonic()
     with _Progress(search) as progress:

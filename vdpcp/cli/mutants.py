@@ -74,7 +74,7 @@ def main(args) -> int:
 
             with contextlib.redirect_stdout(io.StringIO()):  # the ranks' own output
                 found = hunt(name, [] if args.full else kill_sets[name], timeout=args.timeout, on_case=show)
-                if not found.killed:  # survived its kill set: the whole matrix decides
+                if found.survived:  # survived its kill set: the whole matrix decides
                     rest = [c for c in matrix if c.id not in found.tried]
                     more = hunt(name, rest, timeout=args.timeout, on_case=show)
                     more.tried = found.tried + more.tried
@@ -85,8 +85,10 @@ def main(args) -> int:
     backend = args.backend or "auto"
     out = report.console()
     out.print(report.mutants_table(rows, backend))
-    survived = [r.hunt.mutant for r in rows if not r.hunt.killed]
-    out.print(f"{len(rows) - len(survived)} of {len(rows)} mutants of {impl} killed"
+    survived = [r.hunt.mutant for r in rows if r.hunt.survived]
+    moot = [r.hunt.mutant for r in rows if r.hunt.not_applicable]
+    out.print(f"{len(rows) - len(survived) - len(moot)} of {len(rows) - len(moot)} mutants of {impl} killed"
+              + (f" ({len(moot)} do not apply: {', '.join(moot)})" if moot else "")
               + (f"; SURVIVED: {', '.join(survived)}" if survived else ""))
     if args.json:
         report.write_json(args.json, "mutants", [report.mutant_record(r) for r in rows], backend=backend, impl=impl)
@@ -105,6 +107,9 @@ def _kill_set(kills, matrix, impl: str) -> list:
         if missing:
             raise UsageError(f"kill set names cases that are not in the matrix: {missing}")
         return [by_id[k] for k in kills]
+    from vdpcp.impls import resolve
+
     reference = {case.id: case for case in full_matrix(impls=("reference",))}
-    wanted = [reference[k].with_(impl=impl, split="count") for k in kills if k in reference]
+    split = resolve(impl).splits[0]  # the kill set's rows in the implementation's own first partition
+    wanted = [reference[k].with_(impl=impl, split=split) for k in kills if k in reference]
     return [by_id[c.id] for c in wanted if c.id in by_id]

@@ -5,8 +5,8 @@ flags, so it fails again with no flag retyped; a flag typed here overrides the f
 takes its CP size from --cp or the name's -cp<N> tag. Prints the plan (which rank encodes which images and
 placeholders), the verdict judged as `vdpcp check` judges it (a known upstream limit that fails the known way
 is an xfail with its reason), the failure signature against the saved one, and for an errored case the
-failing rank's traceback. Exit 0 pass or xfail, 1 failure, 2 bad spec or options, including a spec the
-unsharded encoder rejects too (then sharding is not to blame).
+failing rank's traceback. Exit as `vdpcp check` does: 0 pass, replicated or xfail, 3 not-sharded, 1 any other
+failure, 2 bad spec or options, including a spec the unsharded encoder rejects too (then sharding is not to blame).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def add_case_arguments(parser) -> None:
     """Options shared with `vdpcp fuzz`: how a case departs from the feature as specified, and where it runs.
     Each defaults to None, so a saved case's own setting holds unless the flag is typed."""
     parser.add_argument("--impl", default=None, metavar="IMPL", help=f"implementation under test (default: reference): {IMPL_HELP}")
-    parser.add_argument("--split", choices=SPLITS, default=None, help="split strategy (default: count)")
+    parser.add_argument("--split", default=None, metavar="SPLIT",
+                        help=f"the implementation's partition (default: the file's, else its first; the reference's: {', '.join(SPLITS)})")
     parser.add_argument("--dtype", choices=DTYPES, default=None, help="dtype of the case (default: float64)")
     parser.add_argument("--no-even-pad", dest="even_pad", action="store_const", const=False, default=None,
                         help="switch off even-grid padding: the pixel shuffle then rejects odd (placeholder) grids")
@@ -58,6 +59,7 @@ def load_saved(path: Path, cp: int | None = None, **options):
     if case.cp < 1:
         raise UsageError(f"--cp {case.cp}: expected a positive number of ranks")
     checked_impls([case.impl])
+    case = _own_split(case, options.get("split"), path)
     check_mutant(case.mutant)
     return case, found.signature
 
@@ -66,17 +68,37 @@ def load_case(path: Path, cp: int | None = None, **options):
     return load_saved(path, cp, **options)[0]
 
 
+def _own_split(case, typed: str | None, path: Path):
+    """The case in one of its implementation's own partitions: a plain spec's default (count) becomes the
+    implementation's first; a partition it does not have is a usage error naming where it came from."""
+    from vdpcp.impls import resolve
+
+    own = resolve(case.impl).splits
+    if case.split in own:
+        return case
+    if typed is None and case.split == "count":
+        return case.with_(split=own[0])
+    where = f"--split {typed}" if typed is not None else f"{path}: case.split {case.split!r}"
+    raise UsageError(f"{where}: {case.impl} has no such partition; expected one of {', '.join(own)}")
+
+
 def plan_lines(case) -> list[str]:
     """Which rank encodes which media, frames and placeholders; what the gather drops."""
     from dataclasses import replace
 
     from vdpcp.impls import resolve
+    from vdpcp.plan import STRATEGIES
     from vdpcp.sharded import plan_for, row_runs
 
-    spec = case.spec
+    spec, impl = case.spec, resolve(case.impl)
     if not case.config.shard_vision:
         return [f"not sharded: every rank encodes all {len(spec.images)} rows"]
-    config = case.config if case.split in resolve(case.impl).splits else replace(case.config, strategy="count")
+    if impl.replicated(spec, case.config):
+        return [f"replicated by {impl.name}'s policy ({impl.replicated(spec, case.config)}): every rank encodes all "
+                f"{len(spec.images)} rows"]
+    if case.split not in STRATEGIES:  # the implementation's own partition: its plan, where it states one
+        return _ownership_lines(spec, impl.plan(spec, case.config), case.split)
+    config = case.config if case.split in impl.splits else replace(case.config, strategy="count")
     plan = plan_for(spec, config)
     owner = _row_owners(spec.media_frames)
     lines = [
@@ -131,7 +153,25 @@ def main(args) -> int:
     if judged.verdict == "unsharded-error":
         raise UsageError(f"{args.spec}: the unsharded encoder rejects this spec too "
                          f"({judged.result.ranks[0].unsharded_error}), so it says nothing about sharding")
-    return 0 if judged.passing else 1
+    from vdpcp.cli.check import exit_code
+
+    return exit_code([judged.verdict])
+
+
+def _ownership_lines(spec, ownership, split: str) -> list[str]:
+    """An implementation's own stated plan (an Ownership), rank by rank."""
+    from vdpcp.sharded import row_runs
+
+    if ownership is None:
+        return [f"plan ({split}): not stated by the implementation; what each rank really encoded is in the verdict"]
+    owner, cp = _row_owners(spec.media_frames), len(ownership.placeholders)
+    lines = [f"plan ({split}, cp={cp}): {len(ownership.owner)} rows, {sum(ownership.placeholders)} placeholders"]
+    for rank in range(cp):
+        parts = [_rows_text(spec, owner, range(a, b + 1)) for a, b in row_runs(ownership.rows_of(rank))]
+        if ownership.placeholders[rank]:
+            parts.append(f"{ownership.placeholders[rank]} placeholder(s)")
+        lines.append(f"  rank {rank}: {', '.join(parts) or 'nothing'}")
+    return lines
 
 
 def _row_owners(media_frames) -> list[tuple[int, int]]:

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from vdpcp.protocol import Implementation, KnownLimit, Ownership, check_group
+from vdpcp.protocol import Implementation, KnownLimit, MediaAxes, Ownership, check_group
 
 MODELING = "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl"
 CHANNELS = 3
@@ -177,6 +177,8 @@ def gather_features(local: torch.Tensor, kept: list[int], group) -> torch.Tensor
 class Qwen25VL(Implementation):
     name = "qwen2_5_vl"
     splits = ("count",)
+    # Its tubelets are always 2 frames (the Conv3d's depth), whatever a spec's T: videos are drawn at T 1 or 2.
+    media = MediaAxes(temporal_patch_sizes=(1, TEMPORAL_PATCH))
     preload = (MODELING,)  # 2-4 s to import, and it starts no threads: the rank zygote imports it once
 
     def build_model(self, case, dtype, device):

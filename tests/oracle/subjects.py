@@ -1,0 +1,123 @@
+"""Implementations that are right, or wrong, in how they distribute the work, for the oracle's own tests.
+
+Each is the reference (vdpcp.impls.reference) with one thing changed; nobody registers them: tests select
+them by ``module:object`` target (``tests.oracle.subjects:replicating``), so rank workers resolve them too.
+"""
+
+from dataclasses import replace
+
+import torch.distributed as dist
+
+from vdpcp.impls.reference import Reference
+from vdpcp.protocol import MediaAxes, check_group
+from vdpcp.spec import MicrobatchSpec
+
+
+class Replicating(Reference):
+    """Encodes every image on every rank and issues no collective: right features, right gradients, no sharding.
+    It says it shards (its plan is the reference's), as an implementation whose split silently fell through would."""
+
+    name = "replicating"
+    splits = ("count",)
+
+    def encode_sharded(self, model, batch, config, group):
+        check_group(config, dist.get_world_size(group), self.name)
+        return self.encode(model, batch)
+
+
+class StalePlan(Reference):
+    """Shards as the reference's packed split does, but states the count plan: an equivalent change of partition
+    whose plan was never updated. Features and summed gradients are right; the plan is not what ran."""
+
+    name = "stale-plan"
+    splits = ("count",)
+
+    def encode_sharded(self, model, batch, config, group):
+        return super().encode_sharded(model, batch, replace(config, strategy="packed"), group)
+
+
+class Thresholded(Reference):
+    """A fallback policy: microbatches of fewer than ``min_images`` images are encoded whole on every rank."""
+
+    name = "thresholded"
+    splits = ("count",)
+    min_images = 4
+
+    def replicated(self, spec, config):
+        return f"fewer than {self.min_images} images" if len(spec.images) < self.min_images else None
+
+    def encode_sharded(self, model, batch, config, group):
+        if self.replicated(batch.spec, config):
+            check_group(config, dist.get_world_size(group), self.name)
+            return self.encode(model, batch)
+        return super().encode_sharded(model, batch, config, group)
+
+
+class IgnoresItsPolicy(Thresholded):
+    """States the fallback policy, but shards anyway."""
+
+    name = "ignores-its-policy"
+
+    def encode_sharded(self, model, batch, config, group):
+        return Reference.encode_sharded(self, model, batch, config, group)
+
+
+class TwoOutputs(Reference):
+    """Two outputs over the same token rows, as a tower with DeepStack features has: the merged features and a
+    second level (here the features through a fixed nonlinearity, so its gradients differ from the first's)."""
+
+    name = "two-outputs"
+    splits = ("count",)
+
+    def encode(self, model, batch):
+        features = super().encode(model, batch)
+        return {"features": features, "deepstack0": features.tanh()}
+
+    def encode_sharded(self, model, batch, config, group):
+        features = super().encode_sharded(model, batch, config, group)
+        return {"features": features, "deepstack0": features.tanh()}
+
+
+class SecondOutputUngathered(TwoOutputs):
+    """The second output is each rank's own rows, placed in a full-size tensor of zeros: it was never gathered."""
+
+    name = "second-output-ungathered"
+
+    def encode_sharded(self, model, batch, config, group):
+        out = super().encode_sharded(model, batch, config, group)
+        if not config.shard_vision:
+            return out
+        plan = self.plan(batch.spec, config)
+        rank = dist.get_rank(group)
+        own = [owner == rank for owner, tokens in zip(plan.owner, plan.tokens) for _ in range(tokens)]
+        mask = out["deepstack0"].new_tensor(own).unsqueeze(-1)
+        return {**out, "deepstack0": out["deepstack0"] * mask}
+
+
+replicating = Replicating()
+stale_plan = StalePlan()
+thresholded = Thresholded()
+ignores_its_policy = IgnoresItsPolicy()
+two_outputs = TwoOutputs()
+second_output_ungathered = SecondOutputUngathered()
+
+
+class OwnPartition(Reference):
+    """The reference's count split under a name of its own, a tower with a local floor of 50 patch rows, and a
+    microbatch of its own: what an implementation from outside declares about itself."""
+
+    name = "own-partition"
+    splits = ("contiguous",)
+    media = MediaAxes(patch_dim=8, temporal_patch_sizes=(1, 2), min_grid=2, min_rows_per_rank=50)
+
+    def encode_sharded(self, model, batch, config, group):
+        return super().encode_sharded(model, batch, replace(config, strategy="count"), group)
+
+    def plan(self, spec, config):
+        return super().plan(spec, replace(config, strategy="count"))
+
+    def scenarios(self):
+        return (MicrobatchSpec(images=((64, 64),) * 3, patch_dim=8, seed=3, name="own-three-large"),)
+
+
+own_partition = OwnPartition()
