@@ -45,7 +45,7 @@ def main(args) -> int:
 
     check_mutant(args.mutant)
     impl = checked_impls([args.impl or "reference"])[0]
-    split = (checked_splits([args.split], [impl]) or resolve(impl).splits)[0]
+    split = (checked_splits([args.split] if args.split else None, [impl]) or resolve(impl).splits)[0]
     preload_case_modules([impl])
     search = Search(args.cp, budget, args.seed, impl=impl, split=split, dtype=args.dtype or "float64",
                     even_pad=args.even_pad is not False, mutant=args.mutant, backend=args.backend, timeout=args.timeout)
