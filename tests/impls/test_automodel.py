@@ -1,9 +1,9 @@
 """NeMo Automodel's frame-level CP vision sharding around transformers' Qwen3-VL tower (vdpcp.impls.automodel),
 held to vdpcp's oracle: how it is installed (the pinned release, without its dependencies, imports with ours);
 the tower's input against Qwen3-VL's own image and video processors; the outputs (merged features and every
-DeepStack level); the shipped thresholds, whose statement (``replicated``) is checked against what Automodel's
-towers really encoded on each rank, with microbatches on both sides of each threshold; and a subset of the
-matrix for both subjects at CP 1, 2, 4 and 8."""
+DeepStack level); the shipped thresholds, whose statement (``replicated``) the oracle checks against what each
+rank's tower really read, on microbatches just below and at each threshold (CP 2) and on the matrix's small ones
+(CP 2, 4); and a subset of the matrix with thresholds 0 at CP 1, 2, 4 and 8."""
 
 import importlib
 import tomllib

@@ -10,9 +10,9 @@ where the CP group has more than one rank, ``set_cp_vision_group(cp_group, confi
 is in force around the forward and ``reset_cp_vision_group`` restores the previous scope after it; at CP=1 nothing
 is published. Inside, the tower is called as Automodel's Qwen3-VL model code calls it
 (``components/models/qwen3_vl/model.py``, ``_prepare_visual_inputs_for_cp``): one ``maybe_distribute_visual(visual,
-pixel_values.type(visual.dtype), grid_thw)`` for images and videos together. That model class itself does not
-import against transformers 5.23 (it imports ``Qwen3VLCausalLMOutputWithPast``, gone since 5.18), so its one call
-is made here.
+pixel_values.type(visual.dtype), grid_thw)`` for images and videos together. That model file itself does not
+import against transformers 5.23 (it imports ``Qwen3VLCausalLMOutputWithPast``, which 5.23's modeling_qwen3_vl
+does not have), so its one call is made here.
 
 What Automodel then does, for the report's reader (vdpcp checks it, it does not restate it): each media item's
 temporal patches are independent frame units (Qwen3-VL attends per frame, with spatial-only positions); below
@@ -81,13 +81,17 @@ class Automodel(Implementation):
     from its released defaults; none changed is Automodel as shipped."""
 
     splits = (SPLIT,)
-    preload = (MODELING, SHARDING)  # neither starts a thread (checked in tests/impls): the rank zygote imports them
-    media = MediaAxes(patch_dim=PATCH, temporal_patch_sizes=(1, TEMPORAL_PATCH), min_grid=MERGE,
-                      min_rows_per_rank=96)  # Automodel's min_local_patch_rows: below it a rank pads locally
+    preload = (MODELING, SHARDING)  # the rank zygote imports them once (it refuses a preload that starts a thread)
 
     def __init__(self, name: str, **thresholds):
         self.name = name
         self.thresholds = thresholds
+
+    @property
+    def media(self) -> MediaAxes:
+        # Below min_local_patch_rows a rank with real frames pads locally: the matrix adds microbatches above it.
+        return MediaAxes(patch_dim=PATCH, temporal_patch_sizes=(1, TEMPORAL_PATCH), min_grid=MERGE,
+                         min_rows_per_rank=self.frame_sharding(True).min_local_patch_rows)
 
     def frame_sharding(self, enabled: bool):
         from nemo_automodel.components.distributed.cp_vision_frame_shard import CpVisionFrameShardingConfig
