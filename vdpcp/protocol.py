@@ -36,7 +36,8 @@ Optional parts:
 - ``splits``: the names of its partitions (``config.strategy``; any names: the matrix runs each and
   ``--split`` accepts them); ``media``: what its tower takes (``MediaAxes``), so the matrix draws
   microbatches that mean something to it; ``scenarios()``: microbatches of its own for the matrix (e.g. on
-  both sides of a fallback threshold); ``preload``: modules the rank workers import once;
+  both sides of a fallback threshold), each a MicrobatchSpec run at every CP size or a (spec, CP sizes) pair;
+  ``preload``: modules the rank workers import once;
   ``tensor_parallel``: TP sizes its tower supports (``case.tp``; its TP group is
   ``vdpcp.layout.groups(...).tp``), for the CP x TP layout cases.
 

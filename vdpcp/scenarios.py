@@ -197,7 +197,8 @@ def large_scenarios(media: MediaAxes, cps=CP_SIZES) -> list[Scenario]:
 def implementation_scenarios(impl: str) -> list[Scenario]:
     """The implementation's own rows of the matrix: past its local floor, and the microbatches it adds itself."""
     subject = resolve(impl)
-    own = [Scenario("own", spec, adapt=False) for spec in subject.scenarios()]
+    own = [Scenario("own", item, adapt=False) if isinstance(item, MicrobatchSpec)
+           else Scenario("own", item[0], tuple(item[1]), adapt=False) for item in subject.scenarios()]
     return large_scenarios(subject.media) + own
 
 

@@ -57,7 +57,8 @@ def test_split_takes_an_implementations_own_names_and_says_what_a_name_leaves_ou
     assert "leaves out every case of reference" in printed.err
 
 
-@pytest.mark.parametrize("argv", [["check", "--split", "nope", "--list"], ["replay", "fixtures/video.json", "--cp", "2", "--split", "nope"]])
+@pytest.mark.parametrize("argv", [["check", "--split", "nope", "--list"],
+                                  ["replay", "fixtures/video.json", "--cp", "2", "--split", "nope"]])
 def test_a_partition_no_implementation_has_is_one_usage_error(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err

@@ -150,12 +150,15 @@ class Automodel(Implementation):
     def known_limit(self, case, backend: str) -> KnownLimit | None:
         return EMPTY_MICROBATCH if not case.spec.images else None
 
-    def scenarios(self) -> tuple[MicrobatchSpec, ...]:
+    def scenarios(self) -> tuple:
         """Microbatches just below and just above each of its thresholds, so the decision itself is tested."""
         return threshold_scenarios(self.name, self.frame_sharding(True))
 
 
-def threshold_scenarios(name: str, policy) -> tuple[MicrobatchSpec, ...]:
+TOKEN_THRESHOLD_CPS = (2,)
+
+
+def threshold_scenarios(name: str, policy) -> tuple:
     """Automodel replicates below min_tokens merged tokens AND below min_frames frame units: min_tokens - 1 and
     min_tokens tokens in few images; min_frames - 1 and min_frames units of one token each, in one video (frames
     and frame units differ by 2x there; the odd one repeats its last frame). Each pair stays below the other
@@ -166,7 +169,9 @@ def threshold_scenarios(name: str, policy) -> tuple[MicrobatchSpec, ...]:
     for tokens in (policy.min_tokens - 1, policy.min_tokens):
         grids = token_grids(tokens)
         images = tuple((MERGE * rows * PATCH, MERGE * cols * PATCH) for rows, cols in grids)
-        specs.append(MicrobatchSpec(images, patch_dim=PATCH, seed=len(specs) + 1, name=f"{name}-tokens-{tokens}"))
+        # 8k patches each, the matrix's costliest microbatches: at one CP size (the decision does not depend on it)
+        specs.append((MicrobatchSpec(images, patch_dim=PATCH, seed=len(specs) + 1, name=f"{name}-tokens-{tokens}"),
+                      TOKEN_THRESHOLD_CPS))
     for units in (policy.min_frames - 1, policy.min_frames):
         frames = TEMPORAL_PATCH * units - (units == policy.min_frames)
         specs.append(MicrobatchSpec(((MERGE * PATCH,) * 2,) * frames, num_frames=(frames,),
