@@ -41,16 +41,18 @@ class WorkerPool:
         self.recovery = ""  # after a faulted case: whether its workers were kept or re-forked, and why
 
     def run(self, call: bytes, world_size: int, backend: str, timeout: float, preload: tuple[str, ...] = (),
-            fault_grace: float = FAULT_GRACE_S, reuse_after_raise: bool = True) -> list[Outcome]:
+            fault_grace: float = FAULT_GRACE_S, reuse_after_raise: bool = True,
+            tolerate_threads: tuple[str, ...] = ()) -> list[Outcome]:
         """Run the pickled ``call`` on ranks 0..world_size-1; one Outcome per rank, in rank order.
 
         ``preload``: the modules the zygote must have imported (see config.configure). ``fault_grace``:
         seconds the other ranks get to finish once one rank failed. ``reuse_after_raise``: keep the workers
         of a case whose ranks only raised (none died or hung) when its process groups check sound; False
-        re-forks them after every fault.
+        re-forks them after every fault. ``tolerate_threads``: OS thread-name prefixes the zygote accepts
+        after its preload (see config.configure).
         """
         try:
-            self._grow(world_size, preload)
+            self._grow(world_size, preload, tolerate_threads)
             workers = self._workers[:world_size]
             spec = self._group_spec(world_size, backend)
             outcomes = self._run_on(workers, spec, call, timeout, fault_grace)
@@ -94,11 +96,12 @@ class WorkerPool:
         self._workers.clear()
         self._group = None
 
-    def _grow(self, world_size: int, preload: tuple[str, ...]) -> None:
-        if self._zygote is None or not self._zygote.alive() or self._zygote.preload != preload:
+    def _grow(self, world_size: int, preload: tuple[str, ...], tolerate_threads: tuple[str, ...]) -> None:
+        if (self._zygote is None or not self._zygote.alive()
+                or (self._zygote.preload, self._zygote.tolerate_threads) != (preload, tolerate_threads)):
             self.shutdown()
             self._dir = Path(tempfile.mkdtemp(prefix="vdpcp-pool-"))
-            self._zygote = Zygote(self._dir, preload, STARTUP_TIMEOUT_S)
+            self._zygote = Zygote(self._dir, preload, STARTUP_TIMEOUT_S, tolerate_threads)
         starting = []
         for rank in range(len(self._workers), world_size):
             starting.append(WorkerProcess(rank, self._zygote, self._dir))

@@ -28,9 +28,10 @@ class ZygoteGone(RuntimeError):
 class Zygote:
     """The pool's forking server (see zygote.py); its output goes to DIR/zygote.log."""
 
-    def __init__(self, directory: Path, preload: tuple[str, ...], startup_timeout: float):
+    def __init__(self, directory: Path, preload: tuple[str, ...], startup_timeout: float,
+                 tolerate_threads: tuple[str, ...] = ()):
         self.log_path = directory / "zygote.log"
-        self.preload = preload
+        self.preload, self.tolerate_threads = preload, tolerate_threads
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(os.environ, **_ONE_THREAD, VDPCP_HARNESS_WORKER="1", PYTHONUNBUFFERED="1",
                    PYTHONPATH=os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p))
@@ -39,6 +40,8 @@ class Zygote:
             argv.append("--deathsig")
         if preload:
             argv.append(f"--preload={','.join(preload)}")
+        if tolerate_threads:
+            argv.append(f"--tolerate-threads={','.join(tolerate_threads)}")
         with open(self.log_path, "ab") as log, theirs:
             self.process = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                             stdout=log, stderr=subprocess.STDOUT, env=env)
