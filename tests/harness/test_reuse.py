@@ -5,6 +5,7 @@ nothing), so keeping them matters; keeping them after an op was left pending wou
 each unsound way out below must re-fork, and the next case must still get right answers.
 """
 
+import json
 import os
 import pickle
 
@@ -181,3 +182,17 @@ def test_the_echo_verdict_wants_every_ranks_fresh_nonce():
     assert soundness.echo_verdict([Outcome(0, OK, value=right), Outcome(1, OK, value=right)], 42) is None
     stale = [Outcome(0, OK, value=right), Outcome(1, OK, value=[[0, 41], [1, 42]])]
     assert "rank 1's check all_gather returned [[0, 41], [1, 42]]" in soundness.echo_verdict(stale, 42)
+
+
+def test_bench_faults_measures_each_way_and_says_what_happened_to_the_workers(tmp_path, capsys):
+    from vdpcp.cli import main
+
+    figures = tmp_path / "faults.json"
+    argv = ["bench", "faults", "--modules", "", "--passes", "1", "--repeats", "1", "--grace", "0.2",
+            "--config", "none/off", "--config", "none/on", "--json", str(figures)]
+    assert main(argv) == 0
+    rows = {row["config"]: row for row in json.loads(figures.read_text())["rows"]}
+    assert [rows[c]["every"]["workers"] for c in ("none/off", "none/on")] == ["re-forked", "kept"]
+    assert [rows[c]["one"]["workers"] for c in ("none/off", "none/on")] == ["re-forked", "re-forked"]  # rank 0 hung
+    assert all(row["pass_s"] > 0 and "error" not in row for row in rows.values())
+    assert "what a faulted case adds to a passing one" in capsys.readouterr().out
