@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from vdpcp.harness import config
 from vdpcp.harness.outcome import OK
 from vdpcp.harness.pool import WorkerPool
 
@@ -67,3 +68,19 @@ def test_forkcheck_names_the_statement_that_started_the_thread_and_forks_past_it
     assert appeared["while"] == f"{driver_module}:{STARTING_LINE}"
     assert appeared["statement"] == "threading.Thread(target=helper, daemon=True).start()"
     assert {name: child["ok"] for name, child in report["children"].items()} == {"tensor op #1": True, "gloo pair": True}
+
+
+def test_where_gpus_are_seen_the_zygote_refuses_a_preload_after_which_children_cannot_use_cuda(tmp_path, monkeypatch):
+    # torch.cuda.is_available() counts devices through the CUDA runtime, which registers torch's fork handler: every
+    # child forked later is marked a bad fork and raises at its first CUDA use (so on CPU too, where it is harmless).
+    (tmp_path / "counts_devices.py").write_text("import torch\n\ntorch.cuda.is_available()\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(tmp_path), os.environ.get("PYTHONPATH")))))
+    monkeypatch.setattr(config, "cuda_device_count", lambda: 1)  # as the caller on a GPU machine sees it
+    pool = WorkerPool()
+    try:
+        with pytest.raises(RuntimeError, match="a forked child cannot initialise CUDA .* PYTORCH_NVML_BASED_CUDA_CHECK=1"):
+            pool.run(pickle.dumps((has_driver, (), {})), 1, "gloo", timeout=60, preload=("counts_devices",))
+        outcomes = pool.run(pickle.dumps((has_driver, (), {})), 1, "gloo", timeout=60, preload=("xml.dom.minidom",))
+    finally:
+        pool.shutdown()
+    assert [o.kind for o in outcomes] == [OK]

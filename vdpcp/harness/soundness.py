@@ -17,7 +17,10 @@ caller judges what the ranks returned:
 Anything the check cannot establish (a private c10d name missing, a backend without sequence numbers, a
 step raising or hanging) counts as unsound: the cost of a wrong "unsound" is one re-fork, the cost
 of a wrong "sound" is a poisoned next case. Not seen: a group some object outside c10d still holds (destroying
-it then leaves it alive, stuck op and all, but no later case reaches it through c10d).
+it then leaves it alive, stuck op and all, but no later case reaches it through c10d). Everything else a kept
+worker carries is what it carries after a passing case: state.py resets torch's global knobs and releases
+MCore's groups either way; a body that changes other process-wide state and restores it only on success
+leaves it changed.
 """
 
 from vdpcp.harness.outcome import OK, Outcome
