@@ -4,6 +4,7 @@ import importlib
 
 # target name -> module defining add_arguments(parser) and run(args) -> exit code (see vdpcp/bench)
 TARGETS = {
+    "faults": "vdpcp.bench.faults",
     "harness": "vdpcp.bench.harness",
     "memory": "vdpcp.bench.memory",
     "wire": "vdpcp.bench.wire",

@@ -18,12 +18,15 @@ DEFAULT_TIMEOUT_S = 120.0
 _configured: dict[str, object] = {}
 
 
-def configure(*, backend: str | None = None, timeout: float | None = None, preload=None) -> None:
+def configure(*, backend: str | None = None, timeout: float | None = None, preload=None, tolerate_threads=None) -> None:
     """Set this process's defaults; None leaves a setting to the environment.
 
     ``preload``: module names the rank zygote imports once, after torch, so every worker forked from
     it has them for free (e.g. a heavy library every case imports). They must start no threads at
-    import; the zygote refuses to fork otherwise. Changing it restarts the pool at the next case.
+    import; the zygote refuses to fork otherwise. ``tolerate_threads``: prefixes of OS thread names
+    the zygote accepts after its preload all the same, for a thread measured harmless to fork past
+    (`python -m vdpcp.harness.forkcheck`); none by default. Changing either restarts the pool at the
+    next case.
     """
     if backend is not None:
         _configured["backend"] = _checked_backend(backend, "configure(backend=...)")
@@ -31,6 +34,8 @@ def configure(*, backend: str | None = None, timeout: float | None = None, prelo
         _configured["timeout"] = _checked_timeout(timeout, "configure(timeout=...)")
     if preload is not None:
         _configured["preload"] = tuple(preload)
+    if tolerate_threads is not None:
+        _configured["tolerate_threads"] = tuple(tolerate_threads)
 
 
 @contextmanager
@@ -63,6 +68,10 @@ def default_preload() -> tuple[str, ...]:
     if "preload" in _configured:
         return _configured["preload"]
     return tuple(name.strip() for name in os.environ.get("VDPCP_PRELOAD", "").split(",") if name.strip())
+
+
+def default_tolerated_threads() -> tuple[str, ...]:
+    return _configured.get("tolerate_threads", ())
 
 
 def resolve_backend(requested: str | None, ranks_per_host: int) -> str:

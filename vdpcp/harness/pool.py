@@ -1,13 +1,17 @@
-"""Warm rank workers for one caller process, grown on demand, discarded at the first fault.
+"""Warm rank workers for one caller process, grown on demand, discarded at the first unsound fault.
 
 A zygote (zygote.py) imports torch once; each worker is forked from it in milliseconds. A case of
-world size k runs on workers 0..k-1. Their process group is rebuilt only when the case's (world size,
-backend) differs from the previous case's, or after a case some rank skipped (the ranks may have left
-it at different collectives). A rank that raises, dies or hangs discards every worker: all are killed
-and the next case forks fresh ones, so one broken case never leaks into the next.
+world size k runs on workers 0..k-1. Their process group is kept while cases pass, rebuilt when the
+case's (world size, backend) differs from the previous case's. A rank that dies or hangs discards every
+worker: all are killed and the next case forks fresh ones, so one broken case never leaks into the
+next. A case in which every rank returned but some raised or skipped (they may have left it at
+different collectives) keeps its workers only if a short check finds its process groups sound, and
+rebuilds their group (soundness.py): a fresh worker would pay again for every import its cases make.
 """
 
 import os
+import pickle
+import secrets
 import shutil
 import sys
 import tempfile
@@ -15,13 +19,15 @@ import time
 from multiprocessing.connection import wait
 from pathlib import Path
 
-from vdpcp.harness.outcome import DIED, FAULTS, HUNG, OK, Outcome
+from vdpcp.harness import soundness
+from vdpcp.harness.outcome import DIED, FAULTS, HUNG, OK, RAISED, Outcome
 from vdpcp.harness.process import WorkerProcess, Zygote
 from vdpcp.harness.protocol import READY, Case, GroupSpec
 
 STARTUP_TIMEOUT_S = 120.0  # the zygote's torch import; forking a worker takes milliseconds
 FAULT_GRACE_S = 3.0  # default: after one rank fails, how long the others get to finish before their stacks are taken
 STACK_WAIT_S = 2.0
+SOUNDNESS_TIMEOUT_S = 5.0  # each step of the check after a raise: milliseconds, unless a group is stuck
 OUTPUT_TAIL_LINES = 30
 
 
@@ -32,30 +38,45 @@ class WorkerPool:
         self._workers: list[WorkerProcess] = []
         self._generation = 0
         self._group: GroupSpec | None = None
+        self.recovery = ""  # after a faulted case: whether its workers were kept or re-forked, and why
 
     def run(self, call: bytes, world_size: int, backend: str, timeout: float, preload: tuple[str, ...] = (),
-            fault_grace: float = FAULT_GRACE_S) -> list[Outcome]:
+            fault_grace: float = FAULT_GRACE_S, reuse_after_raise: bool = True,
+            tolerate_threads: tuple[str, ...] = ()) -> list[Outcome]:
         """Run the pickled ``call`` on ranks 0..world_size-1; one Outcome per rank, in rank order.
 
         ``preload``: the modules the zygote must have imported (see config.configure). ``fault_grace``:
-        seconds the other ranks get to finish once one rank failed.
+        seconds the other ranks get to finish once one rank failed. ``reuse_after_raise``: keep the workers
+        of a case whose ranks only raised (none died or hung) when its process groups check sound; False
+        re-forks them after every fault. ``tolerate_threads``: OS thread-name prefixes the zygote accepts
+        after its preload (see config.configure).
         """
         try:
-            self._grow(world_size, preload)
+            self._grow(world_size, preload, tolerate_threads)
             workers = self._workers[:world_size]
             spec = self._group_spec(world_size, backend)
-            for w in workers:
-                w.send(Case(w.rank, spec, call, list(sys.path), os.getcwd(), dict(os.environ)))
-            outcomes = self._collect(workers, timeout, fault_grace)
+            outcomes = self._run_on(workers, spec, call, timeout, fault_grace)
             self._report_output(workers, outcomes)
+            self.recovery = self._recover(workers, spec, {o.kind for o in outcomes}, reuse_after_raise)
         except BaseException:  # Ctrl-C, or a fault of the harness itself: leave no worker mid-case
             self.shutdown()
             raise
-        if any(o.kind in FAULTS for o in outcomes):
-            self._discard_workers()
-        elif any(o.kind != OK for o in outcomes):
-            self._group = None
         return outcomes
+
+    def _recover(self, workers: list[WorkerProcess], spec: GroupSpec, kinds: set[str], reuse_after_raise: bool) -> str:
+        """Make the pool fit for the next case after one that ended in ``kinds``; what was done, unless all passed."""
+        if kinds == {OK}:
+            return ""
+        if kinds & {DIED, HUNG}:
+            unsound = "a rank died or hung"
+        elif RAISED in kinds and not reuse_after_raise:
+            unsound = "reuse after a raise is off"
+        else:  # raised, skipped or xfailed, and returned: the ranks may stand at different collectives
+            unsound = self._unsound(workers, spec)
+        if unsound:
+            self._discard_workers()
+            return f"re-forked: {unsound}"
+        return "kept: every rank returned and its process groups checked sound"
 
     def shutdown(self) -> None:
         """Kill every worker and the zygote; the next run starts from nothing."""
@@ -75,11 +96,12 @@ class WorkerPool:
         self._workers.clear()
         self._group = None
 
-    def _grow(self, world_size: int, preload: tuple[str, ...]) -> None:
-        if self._zygote is None or not self._zygote.alive() or self._zygote.preload != preload:
+    def _grow(self, world_size: int, preload: tuple[str, ...], tolerate_threads: tuple[str, ...]) -> None:
+        if (self._zygote is None or not self._zygote.alive()
+                or (self._zygote.preload, self._zygote.tolerate_threads) != (preload, tolerate_threads)):
             self.shutdown()
             self._dir = Path(tempfile.mkdtemp(prefix="vdpcp-pool-"))
-            self._zygote = Zygote(self._dir, preload, STARTUP_TIMEOUT_S)
+            self._zygote = Zygote(self._dir, preload, STARTUP_TIMEOUT_S, tolerate_threads)
         starting = []
         for rank in range(len(self._workers), world_size):
             starting.append(WorkerProcess(rank, self._zygote, self._dir))
@@ -104,7 +126,32 @@ class WorkerPool:
             self._group = GroupSpec(self._generation, world_size, backend, str(store))
         return self._group
 
-    def _collect(self, workers: list[WorkerProcess], timeout: float, grace: float) -> list[Outcome]:
+    def _run_on(self, workers: list[WorkerProcess], spec: GroupSpec, call: bytes, timeout: float, grace: float,
+                stacks: bool = True) -> list[Outcome]:
+        for w in workers:
+            w.send(Case(w.rank, spec, call, list(sys.path), os.getcwd(), dict(os.environ)))
+        return self._collect(workers, timeout, grace, stacks)
+
+    def _unsound(self, workers: list[WorkerProcess], spec: GroupSpec) -> str | None:
+        """Why these workers' process groups may not carry the next case, or None if they are sound (soundness.py).
+
+        The echo runs in a rebuilt world group: destroying the old groups waits for any op still in flight in
+        them (measured on gloo: mismatched async ops on all ranks leave equal counts, and the next rebuild hung),
+        so that wait falls inside this check's short timeout instead of the next case's long one.
+        """
+        census = self._run_on(workers, spec, pickle.dumps((soundness.census, (), {})), SOUNDNESS_TIMEOUT_S, 0.0, False)
+        unsound = soundness.census_verdict(census)
+        if unsound is None:
+            self._group = None
+            fresh = self._group_spec(len(workers), spec.backend)
+            nonce = secrets.randbits(62)  # fresh each time: a stale all_gather cannot pass for this one
+            echo = self._run_on(workers, fresh, pickle.dumps((soundness.echo, (nonce,), {})), SOUNDNESS_TIMEOUT_S, 0.0, False)
+            unsound = soundness.echo_verdict(echo, nonce)
+        for w in workers:
+            w.take_output()  # what the check printed is no case's output
+        return unsound
+
+    def _collect(self, workers: list[WorkerProcess], timeout: float, grace: float, stacks: bool = True) -> list[Outcome]:
         """Wait for every rank's outcome; stop early once a rank failed and the others had their grace."""
         pending = {w.rank: w for w in workers}
         outcomes: dict[int, Outcome] = {}
@@ -121,7 +168,8 @@ class WorkerPool:
                 if outcome.kind in FAULTS and cutoff == deadline:
                     cutoff = min(deadline, time.monotonic() + grace)
                     late = f"hung: still running {grace:g} s after rank {rank} {outcome.summary}"
-        for rank, stack in _stacks(list(pending.values())).items():
+        late_stacks = _stacks(list(pending.values())) if stacks else {rank: "" for rank in pending}
+        for rank, stack in late_stacks.items():
             outcomes[rank] = Outcome(rank, HUNG, summary=late, detail=stack)
         return [outcomes[w.rank] for w in workers]
 

@@ -12,6 +12,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 import vdpcp
+from vdpcp.harness import config
 from vdpcp.harness.outcome import DIED, RAISED, Outcome
 from vdpcp.harness.protocol import READY, Case
 
@@ -28,17 +29,27 @@ class ZygoteGone(RuntimeError):
 class Zygote:
     """The pool's forking server (see zygote.py); its output goes to DIR/zygote.log."""
 
-    def __init__(self, directory: Path, preload: tuple[str, ...], startup_timeout: float):
+    def __init__(self, directory: Path, preload: tuple[str, ...], startup_timeout: float,
+                 tolerate_threads: tuple[str, ...] = ()):
         self.log_path = directory / "zygote.log"
-        self.preload = preload
+        self.preload, self.tolerate_threads = preload, tolerate_threads
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(os.environ, **_ONE_THREAD, VDPCP_HARNESS_WORKER="1", PYTHONUNBUFFERED="1",
                    PYTHONPATH=os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p))
+        # A preloaded module that asks torch.cuda.is_available() at import (megatron-core does) then asks NVML, not
+        # the CUDA runtime: the runtime's device count registers torch's fork handler, which marks every worker
+        # forked later unable to use CUDA. torch documents the NVML check as fork-safe; workers see the caller's
+        # environment again from their first case. On a machine without NVML torch falls back to the runtime.
+        env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
         argv = [sys.executable, "-m", "vdpcp.harness.zygote", str(theirs.fileno()), str(os.getpid()), str(directory)]
         if threading.current_thread() is threading.main_thread():
             argv.append("--deathsig")
         if preload:
             argv.append(f"--preload={','.join(preload)}")
+        if tolerate_threads:
+            argv.append(f"--tolerate-threads={','.join(tolerate_threads)}")
+        if preload and config.cuda_device_count() > 0:  # only then can a preload poison forks for CUDA use
+            argv.append("--cuda")
         with open(self.log_path, "ab") as log, theirs:
             self.process = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                             stdout=log, stderr=subprocess.STDOUT, env=env)

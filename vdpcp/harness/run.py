@@ -40,7 +40,8 @@ def run_ranks(fn, world_size: int, *args, backend: str | None = None, timeout: f
     call = _pickled_call(fn, args, kwargs, what)
     with _lock:
         grace = FAULT_GRACE_S if fault_grace is None else fault_grace
-        outcomes = _shared_pool().run(call, world_size, chosen, timeout, config.default_preload(), grace)
+        outcomes = _shared_pool().run(call, world_size, chosen, timeout, config.default_preload(), grace,
+                                      tolerate_threads=config.default_tolerated_threads())
     return settle(outcomes, f"{what} ({chosen}, world size {world_size})")
 
 

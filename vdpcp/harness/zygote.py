@@ -1,10 +1,16 @@
-"""The zygote: ``python -m vdpcp.harness.zygote FD CALLER_PID POOL_DIR [--deathsig] [--preload=MODULE,...]``.
+"""The zygote: ``python -m vdpcp.harness.zygote FD CALLER_PID POOL_DIR [--deathsig] [--preload=MODULE,...]
+[--tolerate-threads=PREFIX,...] [--cuda]``.
 
 One fresh process per pool imports torch once, then forks a rank worker whenever the caller asks, so a
 worker costs milliseconds and shares torch's memory copy-on-write instead of paying a 2.5 s import and
 about 280 MB of its own. It is safe to fork because it stays single-threaded, never touches CUDA and
 never runs a case (its environment pins OpenMP/BLAS to one thread, so importing torch starts none).
-Modules named by --preload are imported too, after torch; if that starts a thread, it refuses to run.
+Modules named by --preload are imported too, after torch; if that starts a thread, it refuses to run, unless
+the thread's OS name starts with a prefix given by --tolerate-threads (for a thread shown harmless to fork
+past, e.g. a driver's idle helper: the child does not get it, only what it left in memory).
+`python -m vdpcp.harness.forkcheck MODULE...` says which import starts a thread and whether a child forked
+after it can still run CUDA and gloo. Where the caller sees GPUs (--cuda) it also refuses a preload after
+which torch marks forked children unable to initialise CUDA (asked of one throwaway child).
 
 Over the SOCK_SEQPACKET socket FD, each message one pickle:
   caller -> zygote: ("fork", rank, log_path, stack_path) with the worker's end of a socketpair attached
@@ -24,10 +30,12 @@ import shutil
 import signal
 import socket
 import sys
+import warnings
 
 from vdpcp.harness import worker
 
 MAX_MESSAGE = 1 << 16
+ZYGOTE_CANARY_S = 30.0  # a child that only reads a flag and exits: milliseconds, unless the machine is starved
 
 
 def main(argv: list[str]) -> None:
@@ -46,15 +54,24 @@ def main(argv: list[str]) -> None:
 
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
-    preload = next((arg.split("=", 1)[1] for arg in argv if arg.startswith("--preload=")), "")
+    preload = _option(argv, "--preload")
     for name in filter(None, preload.split(",")):
         importlib.import_module(name)
-    threads = len(os.listdir("/proc/self/task"))
-    if threads > 1:
+    tolerated = tuple(filter(None, _option(argv, "--tolerate-threads").split(",")))
+    names = _thread_names()
+    others = [name for name in names if not name.startswith(tolerated)]
+    if others:
         sys.exit(f"vdpcp zygote: after importing torch and {preload or 'nothing else'} this process has "
-                 f"{threads} threads; forking it would be unsafe")
+                 f"{len(others) + 1} threads ({', '.join(others)} besides the main one); forking it would be unsafe "
+                 f"(`python -m vdpcp.harness.forkcheck {preload.replace(',', ' ')}` says which import starts them)")
     if torch.cuda.is_initialized():  # a forked child cannot use a CUDA context its parent made
         sys.exit(f"vdpcp zygote: importing {preload} initialised CUDA; forking it would be unsafe")
+    if preload and "--cuda" in argv and _child_in_bad_fork():
+        sys.exit(f"vdpcp zygote: after importing {preload} a forked child cannot initialise CUDA (torch marks it a "
+                 f"bad fork: something counted devices through the CUDA runtime, e.g. torch.cuda.is_available(); "
+                 f"with PYTORCH_NVML_BASED_CUDA_CHECK=1 that check asks NVML instead, which leaves forks usable)")
+    if names:  # tolerated on purpose: Python's warning at every fork would only fill the log
+        warnings.filterwarnings("ignore", message=r"This process .* is multi-threaded", category=DeprecationWarning)
     gc.freeze()  # keep the collector from dirtying shared pages in every worker
     send = lambda *message: sock.send(pickle.dumps(message))  # noqa: E731
     send("ready")
@@ -82,6 +99,42 @@ def main(argv: list[str]) -> None:
                 os.close(fd)
                 _, status = os.waitpid(pid, 0)
                 send("exited", pid, os.waitstatus_to_exitcode(status))
+
+
+def _option(argv: list[str], name: str) -> str:
+    return next((arg.split("=", 1)[1] for arg in argv if arg.startswith(f"{name}=")), "")
+
+
+def _child_in_bad_fork() -> bool:
+    """Whether torch says a child forked now could not initialise CUDA (its fork handler, registered when the
+    CUDA runtime counted devices, marks every child so). Asked of a throwaway child that touches nothing."""
+    import torch
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, b"1" if torch.cuda._is_in_bad_fork() else b"0")
+        os._exit(0)
+    os.close(write)
+    answer = os.read(read, 1) if select.select([read], [], [], ZYGOTE_CANARY_S)[0] else b""
+    os.close(read)
+    if not answer:
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return answer != b"0"  # no answer in time counts as bad too
+
+
+def _thread_names() -> list[str]:
+    """The OS names of this process's threads other than the main one."""
+    tids = sorted(int(tid) for tid in os.listdir("/proc/self/task") if int(tid) != os.getpid())
+    names = []
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as comm:
+                names.append(comm.read().strip())
+        except FileNotFoundError:  # it ended meanwhile
+            pass
+    return names
 
 
 def _become_worker(sock, workers: dict[int, int], fd: int, rank: int, log_path: str, stack_path: str, zygote_pid: int):

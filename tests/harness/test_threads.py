@@ -1,0 +1,86 @@
+"""A preload that starts a thread: the zygote refuses it unless the thread's name is tolerated, and forkcheck says
+which statement started it and whether children forked after it still work."""
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vdpcp.harness import config
+from vdpcp.harness.outcome import OK
+from vdpcp.harness.pool import WorkerPool
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A module whose body starts an OS thread named like a driver's helper, at a line the tests know.
+DRIVER = '''import ctypes, threading
+
+named = threading.Event()
+
+
+def helper():
+    ctypes.CDLL(None).prctl(15, b"fakedrv00042")  # PR_SET_NAME: the OS name, as /proc/self/task/*/comm shows it
+    named.set()
+    threading.Event().wait()
+
+
+threading.Thread(target=helper, daemon=True).start()
+named.wait(30)
+'''
+STARTING_LINE = 12
+
+
+@pytest.fixture
+def driver_module(tmp_path, monkeypatch):
+    (tmp_path / "fake_driver.py").write_text(DRIVER)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(tmp_path), os.environ.get("PYTHONPATH")))))
+    return tmp_path / "fake_driver.py"
+
+
+def has_driver(ctx):
+    return "fake_driver" in sys.modules
+
+
+def test_the_zygote_refuses_a_preload_that_starts_a_thread_unless_its_name_is_tolerated(driver_module):
+    pool = WorkerPool()
+    try:
+        with pytest.raises(RuntimeError, match=r"2 threads \(fakedrv00042 besides the main one\); forking it would be unsafe"):
+            pool.run(pickle.dumps((has_driver, (), {})), 1, "gloo", timeout=60, preload=("fake_driver",))
+        outcomes = pool.run(pickle.dumps((has_driver, (), {})), 2, "gloo", timeout=60, preload=("fake_driver",),
+                            tolerate_threads=("fakedrv",))
+    finally:
+        pool.shutdown()
+    assert [(o.kind, o.value) for o in outcomes] == [(OK, True), (OK, True)]
+
+
+def test_forkcheck_names_the_statement_that_started_the_thread_and_forks_past_it(driver_module):
+    done = subprocess.run([sys.executable, "-m", "vdpcp.harness.forkcheck", "fake_driver", "--fork", "--repeats", "1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["threads_after"] == ["fakedrv00042"]
+    [appeared] = report["appeared"]
+    assert appeared["threads"] == ["fakedrv00042"] and appeared["imports"] == ["fake_driver"]
+    assert appeared["while"] == f"{driver_module}:{STARTING_LINE}"
+    assert appeared["statement"] == "threading.Thread(target=helper, daemon=True).start()"
+    assert {name: child["ok"] for name, child in report["children"].items()} == {"tensor op #1": True, "gloo pair": True}
+
+
+def test_where_gpus_are_seen_the_zygote_refuses_a_preload_after_which_children_cannot_use_cuda(tmp_path, monkeypatch):
+    # torch.cuda.is_available() counts devices through the CUDA runtime, which registers torch's fork handler: every
+    # child forked later is marked a bad fork and raises at its first CUDA use (so on CPU too, where it is harmless).
+    (tmp_path / "counts_devices.py").write_text("import torch\n\ntorch.cuda.is_available()\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(tmp_path), os.environ.get("PYTHONPATH")))))
+    monkeypatch.setattr(config, "cuda_device_count", lambda: 1)  # as the caller on a GPU machine sees it
+    pool = WorkerPool()
+    try:
+        with pytest.raises(RuntimeError, match="a forked child cannot initialise CUDA .* PYTORCH_NVML_BASED_CUDA_CHECK=1"):
+            pool.run(pickle.dumps((has_driver, (), {})), 1, "gloo", timeout=60, preload=("counts_devices",))
+        outcomes = pool.run(pickle.dumps((has_driver, (), {})), 1, "gloo", timeout=60, preload=("xml.dom.minidom",))
+    finally:
+        pool.shutdown()
+    assert [o.kind for o in outcomes] == [OK]
