@@ -233,12 +233,13 @@ def test_a_short_spec_is_printed_whole_and_a_long_one_by_counts_ranges_and_file(
     assert budget.summary(short) == str(short.to_dict()) and budget.spec_record(short) == short.to_dict()
     long = spec([[16, 16]] * 99_990 + [[8, 24]] * 5 + [[32, 32]] * 5, name="many")
     text = budget.summary(long, "crash/many.json")
-    assert text == ("many: 100,000 rows in 100,000 media items, sizes 8-32 x 16-32 px, 12-64 patches a row, "
-                    "1,600,220 in all (patch_dim=4), seed 0; the whole spec: crash/many.json")
+    assert text == ("many: 100,000 images, 8-32 x 16-32 px, 12-64 patches each, 1,600,220 in all (patch_dim=4), seed 0; "
+                    "the whole spec: crash/many.json")
     record = budget.spec_record(long)
     assert record["rows"] == 100_000 and record["patches"] == 1_600_220 and len(json.dumps(record)) < 300
-    video = spec([[16, 16]] * 12, num_frames=(5, 7), temporal_patch_size=2)
-    assert "2 videos of 5-7 frames (T=2)" in budget.summary(video)
+    video = spec([[16, 16]] * 13, num_frames=(5, 7, 1), temporal_patch_size=2, name="clips")
+    assert budget.summary(video) == ("clips: 13 rows in 3 media items, 2 videos of 5-7 frames (T=2), 16 x 16 px, 16 patches "
+                                     "each, 208 in all (patch_dim=4), seed 0")
 
 
 def test_a_bad_long_spec_names_its_first_bad_entry_and_is_not_printed_whole():
