@@ -30,7 +30,7 @@ KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 ENV = "VDPCP_MAX_SPEC_BYTES"
 FLAG = "--max-spec-bytes"
 # For a 2-core, 24 GB machine shared with other jobs: a third of its memory. The whole suite peaks at +3.3 GB
-# and its largest case needs under 40 MiB, so nothing the suite or a realistic replay does comes near it; a
+# and its largest case (video at CP=8) needs 108 MiB, so nothing the suite or a realistic replay does comes near it; a
 # size typo (one 65536 x 65536 image: terabytes) is refused at once.
 DEFAULT_LIMIT = 8 * GiB
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2}
