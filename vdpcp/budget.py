@@ -29,9 +29,10 @@ from dataclasses import dataclass
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 ENV = "VDPCP_MAX_SPEC_BYTES"
 FLAG = "--max-spec-bytes"
-# For a 2-core, 24 GB machine shared with other jobs: a third of its memory. The whole suite peaks at +3.3 GB
-# and its largest case (video at CP=8) needs 108 MiB, so nothing the suite or a realistic replay does comes near it; a
-# size typo (one 65536 x 65536 image: terabytes) is refused at once.
+# For a 2-core, 24 GB machine shared with other jobs: a third of its memory. The whole suite peaks at +3.3 GB and
+# its largest case (video at CP=8) needs 108 MiB; a captured 12-image microbatch at P=16 (9.4k patches) needs
+# 2.1 GiB at CP=4; a 36-image one (83k patches) needs 34 GiB at CP=8, more than such a machine has, and is refused,
+# as is a size typo (one 65536 x 65536 image: terabytes).
 DEFAULT_LIMIT = 8 * GiB
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2}
 CHANNELS = 3
