@@ -2,8 +2,9 @@
 
 The preload: the case modules and the imports of the built-ins (MCore) and of the adapters tested in tests/impls
 (transformers' Qwen2.5-VL and Qwen3-VL towers, Automodel's sharding), one import per pool, not one per rank. The
-guard: a test (or an in-process CLI call inside it) that leaves the harness configuration, the environment or
-torch's default dtype changed fails, so no setting reaches the next test (a GPU job once ran gloo because one did).
+guard: a test (or an in-process CLI call inside it) that leaves the harness configuration, the spec limit, the
+environment or torch's default dtype changed fails, so no setting reaches the next test (a GPU job once ran gloo
+because one did).
 """
 
 import os
@@ -11,6 +12,7 @@ import os
 import pytest
 import torch
 
+from vdpcp import budget
 from vdpcp.harness import config as harness_config
 from vdpcp.impls import BUILT_INS
 from vdpcp.runner import preload_case_modules
@@ -28,7 +30,7 @@ NOT_SETTINGS = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR")
 
 def _process_settings() -> dict:
     environment = {k: v for k, v in os.environ.items() if k not in NOT_SETTINGS}
-    return {"harness configuration": dict(harness_config._configured), "environment": environment,
+    return {"harness configuration": dict(harness_config._configured), "spec limit": budget.override(), "environment": environment,
             "torch default dtype": torch.get_default_dtype()}
 
 

@@ -15,7 +15,9 @@ vision encoder; tensors and lists are both accepted::
     # later, on a laptop (gloo):  vdpcp replay crashes/step18412-rank3.json
 
 Only the ranks that raise write a file, and every CP rank holds the same microbatch, so any one file is
-the whole story. The spec has no CP field: the CP size travels in its name as a trailing ``-cp<N>`` tag,
+the whole story. A microbatch whose replay would need more memory than the spec limit allows (vdpcp.budget:
+--max-spec-bytes / VDPCP_MAX_SPEC_BYTES, 8 GiB by default) is refused at the capture call, before the block runs,
+as any other bad capture is. The spec has no CP field: the CP size travels in its name as a trailing ``-cp<N>`` tag,
 which ``vdpcp replay`` reads (``cp_from_name``) unless ``--cp`` is given.
 """
 
@@ -25,7 +27,9 @@ import re
 from contextlib import contextmanager
 from pathlib import Path
 
-from vdpcp.spec import MicrobatchSpec, SpecError
+from vdpcp import budget
+from vdpcp.case import Case
+from vdpcp.spec import MicrobatchSpec, SpecError, clipped
 
 _CP_TAG = re.compile(r"(?:^|-)cp(\d+)$")
 
@@ -42,15 +46,16 @@ def capture(
 ) -> MicrobatchSpec:
     """The spec of a microbatch: ``imgs_sizes`` [N, 2] (H, W) per image or frame, ``num_frames`` per media item.
 
-    Raises SpecError (naming the field) when the inputs do not describe a valid microbatch.
+    Raises SpecError (naming the field) when the inputs do not describe a valid microbatch, SpecTooLarge when
+    replaying it (float64, the reference, at ``cp``) would need more than the spec limit.
     """
     if not isinstance(cp, int) or isinstance(cp, bool) or cp < 1:
         raise SpecError(f"capture: cp must be a positive integer, got {cp!r}")
     sizes = _as_list(imgs_sizes, "imgs_sizes")
     if not all(isinstance(s, list) and len(s) == 2 for s in sizes):
-        raise SpecError(f"capture: field 'imgs_sizes' must hold one (H, W) pair per image, got {sizes!r}")
+        raise SpecError(f"capture: field 'imgs_sizes' must hold one (H, W) pair per image, got {clipped(sizes)}")
     frames = None if num_frames is None else _as_list(num_frames, "num_frames")
-    return MicrobatchSpec.from_dict(
+    spec = MicrobatchSpec.from_dict(
         {
             "name": name_with_cp(name, cp),
             "images": sizes,
@@ -61,6 +66,8 @@ def capture(
         },
         source="capture",
     )
+    budget.check(Case(spec, cp), "capture")
+    return spec
 
 
 @contextmanager

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from vdpcp.budget import resource_failure
 from vdpcp.case import Case
 from vdpcp.impls import GROUP_MISMATCH_TEXT, KnownLimit, resolve
 
@@ -54,11 +55,13 @@ def group_error_problems(case: Case, text: str) -> list[str]:
 def judge(result) -> tuple[str, str]:
     """(verdict, why) of a CaseResult against the case's expectation, on the backend it ran on.
 
-    Verdicts: those of the runner (pass, replicated, fail, plan-mismatch, not-sharded, error, unsharded-error),
-    xfail (a known limit failed the known way), xpass (a strict xfail passed: the limit is gone). Only pass,
-    replicated and xfail count as passing.
+    Verdicts: those of the runner (pass, replicated, fail, plan-mismatch, not-sharded, error, unsharded-error,
+    resource), xfail (a known limit failed the known way), xpass (a strict xfail passed: the limit is gone). Only
+    pass, replicated and xfail count as passing.
     """
     case = result.case
+    if result.verdict == "resource":
+        return "resource", resource_failure(result)
     if expects_group_error(case):
         problems = group_error_problems(case, result.error or "")
         return ("pass", "the documented error on every rank") if not problems else ("fail", "; ".join(problems))

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, find, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky, NoSuchExample
 
-from vdpcp import saved
+from vdpcp import budget, saved
 from vdpcp.capture import name_with_cp
 from vdpcp.case import Case
 from vdpcp.runner import CaseResult, run_case
@@ -82,12 +82,13 @@ _RANK_SECTION = re.compile(r"^----- rank (\d+): (.+?) -----$", re.MULTILINE)
 
 
 def signature(result: CaseResult) -> str | None:
-    """How a case failed, in words that survive shrinking: None for a pass or an unencodable spec.
+    """How a case failed, in words that survive shrinking: None for a pass, an unencodable spec or a rank out of
+    memory (a resource failure says nothing about sharding).
 
     An error is the first raising rank's exception type and message; a failed check is the first failing
     rank's first check message. Numbers, and lists of them, become '#' (they change as the spec shrinks).
     """
-    if result.passed or result.verdict == "unsharded-error":
+    if result.passed or result.verdict in ("unsharded-error", "resource"):
         return None
     if result.verdict == "error":
         return "error: " + _normalized(failing_rank(result)[1])
@@ -180,6 +181,7 @@ class FuzzReport:
     shrink_runs: int = 0  # runs after it, while shrinking
     passed: int = 0
     unsharded_errors: int = 0  # specs the unsharded encoder rejects too: not sharding failures
+    resource_failures: int = 0  # runs where a rank ran out of memory: not sharding failures either
     finding: Finding | None = None
     replayed: int = 0  # saved failures replayed before searching
     other_failures: dict[str, MicrobatchSpec] = field(default_factory=dict)  # other signatures met while shrinking
@@ -217,7 +219,9 @@ def fuzz(search: Search, out_dir: str | Path | None = None, on_run: OnRun | None
 
     reproduced = True
     try:
-        find(microbatches(search.cp), fails_the_same_way, settings=_settings(search.budget), random=Random(search.seed))
+        # Never a draw over the spec limit (vdpcp.budget): the drawn sizes are small, but the limit may be lowered.
+        draws = microbatches(search.cp).filter(lambda spec: budget.fits(search.case(spec)))
+        find(draws, fails_the_same_way, settings=_settings(search.budget), random=Random(search.seed))
     except NoSuchExample:
         return report
     except Flaky:  # the smallest failing spec passed when hypothesis ran it again: save it, say so
@@ -234,6 +238,7 @@ def _replay_saved(search: Search, out_dir: Path, report: FuzzReport, on_run) -> 
     """Run this configuration's saved failures first; True (with report.finding) when one still fails."""
     for path in search.saved_here(out_dir):
         found = saved.load(path)
+        budget.check(found.to_case(), str(path))  # SpecTooLarge naming the file, before it runs
         result = run_case(found.to_case(), backend=search.backend, timeout=search.timeout, fault_grace=FAULT_GRACE_S)
         _count(report, result, False)
         report.replayed += 1
@@ -266,3 +271,4 @@ def _count(report: FuzzReport, result: CaseResult, shrinking: bool) -> None:
         report.drawn += 1
     report.passed += result.passed
     report.unsharded_errors += result.verdict == "unsharded-error"
+    report.resource_failures += result.verdict == "resource"

@@ -39,7 +39,10 @@ Optional parts:
   both sides of a fallback threshold), each a MicrobatchSpec run at every CP size or a (spec, CP sizes) pair;
   ``preload``: modules the rank workers import once;
   ``tensor_parallel``: TP sizes its tower supports (``case.tp``; its TP group is
-  ``vdpcp.layout.groups(...).tp``), for the CP x TP layout cases.
+  ``vdpcp.layout.groups(...).tp``), for the CP x TP layout cases; ``patch_bytes(case)``: the bytes one patch of
+  the microbatch costs one arm of its encoder (its inputs, activations kept for backward and gradients, at
+  ``case.dtype``), where vdpcp's estimate for its toy tower (vdpcp.budget) is wrong for its own tower: cases are
+  sized with it before anything is built, and refused over the limit.
 
 Nothing else in vdpcp branches on an implementation's name.
 """
@@ -185,6 +188,9 @@ class Implementation:
     def scenarios(self) -> tuple:
         return ()
 
+    def patch_bytes(self, case) -> int | None:
+        return None  # vdpcp.budget's estimate for the toy tower
+
     def __repr__(self) -> str:
         return f"<vdpcp implementation {self.name!r}>"
 
@@ -205,7 +211,7 @@ class Adapted(Implementation):
 
 REQUIRED = ("name", "encode", "encode_sharded")
 PROTOCOL = REQUIRED + ("build_model", "inputs", "plan", "replicated", "known_limit", "splits", "media", "scenarios",
-                       "preload", "tensor_parallel")
+                       "preload", "tensor_parallel", "patch_bytes")
 
 
 class OutputsError(TypeError):

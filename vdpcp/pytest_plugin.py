@@ -6,7 +6,8 @@ implementations whose matrix parametrizes every test that takes a ``vdpcp_case``
 vdpcp.testing); ``--vdpcp-cp N`` (repeatable) limits its CP sizes.
 
 Options: ``--backend {auto,nccl,gloo}`` (default: $VDPCP_BACKEND, else auto) and
-``--vdpcp-timeout SECONDS`` per case (default: $VDPCP_TIMEOUT, else 120). The ini setting
+``--vdpcp-timeout SECONDS`` per case (default: $VDPCP_TIMEOUT, else 120); ``--vdpcp-max-spec-bytes BYTES``, the
+memory a case may need before it is refused unrun (vdpcp.budget; default: $VDPCP_MAX_SPEC_BYTES, else 8G). The ini setting
 ``vdpcp_preload`` (default: $VDPCP_PRELOAD, comma-separated) names modules the rank zygote imports once
 so that every rank starts with them. A test body runs on every rank; the test names it and a world size::
 
@@ -22,7 +23,7 @@ megatron-core's notices that optional packages are missing are filtered out (see
 
 import pytest
 
-from vdpcp import harness, third_party
+from vdpcp import budget, harness, third_party
 from vdpcp.harness.config import BACKENDS, configured
 
 
@@ -35,6 +36,9 @@ def pytest_addoption(parser):
                     help="seconds before a distributed case counts as hung (default: $VDPCP_TIMEOUT or 120)")
     parser.addini("vdpcp_preload", type="args", default=[],
                   help="modules imported once in the rank zygote, so every rank starts with them")
+    group.addoption("--vdpcp-max-spec-bytes", default=None, metavar="BYTES",
+                    help="refuse a case whose estimated memory on this machine is over BYTES, e.g. 16G "
+                         "(default: $VDPCP_MAX_SPEC_BYTES or 8G)")
     group.addoption("--vdpcp-impl", action="append", default=[], metavar="IMPL",
                     help="implementation whose matrix runs as the vdpcp_case tests (repeatable): a registered name "
                          "(vdpcp.implementations entry points) or module:object (default: reference and mcore)")
@@ -43,23 +47,29 @@ def pytest_addoption(parser):
     parser.addini("vdpcp_impl", type="args", default=[], help="default for --vdpcp-impl")
 
 
-_SESSION_SETTINGS = pytest.StashKey[object]()
+_SESSION_SETTINGS = pytest.StashKey[list]()
 
 
 def pytest_configure(config):
     for line in third_party.pytest_filterwarnings():
         config.addinivalue_line("filterwarnings", line)
+    limit = config.getoption("vdpcp_max_spec_bytes")
+    try:  # a bad figure is one usage error naming it, before anything is set
+        budget.parse_bytes(limit, "--vdpcp-max-spec-bytes") if limit is not None else budget.limit()
+    except budget.BudgetError as err:
+        raise pytest.UsageError(str(err)) from None
     # The session's settings hold until pytest_unconfigure, which puts back what was there before (an
-    # in-process pytest run, as pytester makes, must not leave its --backend to its caller).
-    settings = configured(backend=config.getoption("backend"), timeout=config.getoption("vdpcp_timeout"),
-                          preload=config.getini("vdpcp_preload") or None)
-    settings.__enter__()
+    # in-process pytest run, as pytester makes, must not leave its --backend or its spec limit to its caller).
+    settings = [configured(backend=config.getoption("backend"), timeout=config.getoption("vdpcp_timeout"),
+                           preload=config.getini("vdpcp_preload") or None),
+                budget.limited(limit, "--vdpcp-max-spec-bytes")]
+    for scope in settings:
+        scope.__enter__()
     config.stash[_SESSION_SETTINGS] = settings
 
 
 def pytest_unconfigure(config):
-    settings = config.stash.get(_SESSION_SETTINGS, None)
-    if settings is not None:
+    for settings in reversed(config.stash.get(_SESSION_SETTINGS, [])):
         settings.__exit__(None, None, None)
 
 
@@ -136,10 +146,11 @@ def pytest_configure_replay(config):
     options = dict(impl=config.getoption("replay_impl"), split=config.getoption("replay_split"),
                    dtype=config.getoption("replay_dtype"), even_pad=config.getoption("replay_no_even_pad"),
                    mutant=config.getoption("replay_mutant"))
-    try:
-        config.stash[_REPLAYS] = [(path, load_case(path, config.getoption("replay_cp"), **options))
-                                  for path in config.getoption("replay")]
-    except UsageError as err:
+    try:  # each case sized as replay sizes it: one over the spec limit is refused here, unrun
+        with budget.limited(config.getoption("vdpcp_max_spec_bytes"), "--vdpcp-max-spec-bytes"):
+            config.stash[_REPLAYS] = [(path, load_case(path, config.getoption("replay_cp"), **options))
+                                      for path in config.getoption("replay")]
+    except (UsageError, budget.BudgetError) as err:
         raise pytest.UsageError(f"--replay: {err}") from None
 
 

@@ -19,11 +19,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from vdpcp.budget import spec_record
 from vdpcp.cli import UsageError
 
 STYLES = {"pass": "green", "replicated": "green", "xfail": "yellow", "killed": "green", "n/a": "yellow",
           "fail": "bold red", "error": "bold red", "xpass": "bold red", "survived": "bold red",
-          "unsharded-error": "bold red", "plan-mismatch": "bold red", "not-sharded": "bold magenta"}
+          "unsharded-error": "bold red", "plan-mismatch": "bold red", "not-sharded": "bold magenta",
+          "resource": "bold red"}
 ERRORS = (("out_err", "outputs"), ("input_grad_err", "input grads"), ("param_grad_err", "param grads"))
 
 
@@ -91,7 +93,7 @@ def check_record(row: CheckRow) -> dict:
     return {
         "id": case.id,
         "family": row.family,
-        "spec": case.spec.to_dict(),
+        "spec": spec_record(case.spec),
         "cp": case.cp,
         "impl": case.impl,
         "split": case.split,
@@ -182,7 +184,8 @@ def write_junit(path: Path, suite: str, cases: list[dict]) -> None:
 
 
 def _junit_case(name, classname, seconds, verdict, message, detail) -> dict:
-    outcome = {"pass": "passed", "replicated": "passed", "xfail": "skipped", "error": "error"}.get(verdict, "failure")
+    outcome = {"pass": "passed", "replicated": "passed", "xfail": "skipped", "error": "error",
+               "resource": "error"}.get(verdict, "failure")
     return {"name": name, "classname": classname, "seconds": seconds, "outcome": outcome,
             "message": f"{verdict}: {message}" if message else verdict, "detail": detail}
 
@@ -236,7 +239,7 @@ def _per_rank(result) -> tuple[str, str]:
 
 
 def _err(result, attr: str) -> str:
-    measured = result.ranks and (attr == "out_err" or result.case.grads) and result.verdict != "unsharded-error"
+    measured = result.ranks and (attr == "out_err" or result.case.grads) and result.verdict not in ("unsharded-error", "resource")
     return f"{result.max_err(attr):.1e}" if measured else "-"
 
 

@@ -4,14 +4,16 @@ The rank body resolves the case's implementation (by name or module:object, on t
 layout groups, applies its mutant from outside the oracle, and runs the oracle. A case either passes (every
 rank's checks hold), fails (a check does not hold on some rank), or errors (a rank raised, died or hung: the
 harness's RankFailure text is kept); "unsharded-error" means the unsharded encoder raised on the spec too, so
-sharding is not to blame. ``run_judged`` adds the expectation (vdpcp.expectations.judge).
+sharding is not to blame; "resource" means a rank ran out of memory (vdpcp.budget.resource_failure), which
+says nothing about either. A case is sized before it runs and refused over the limit (vdpcp.budget.check).
+``run_judged`` adds the expectation (vdpcp.expectations.judge).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vdpcp import harness, layout, mutants, oracle
+from vdpcp import budget, harness, layout, mutants, oracle
 from vdpcp.case import Case, RankResult
 from vdpcp.expectations import KNOWN_LIMIT_GRACE_S, PASSING, judge, known_limit
 from vdpcp.harness import RankFailure, run_ranks
@@ -40,9 +42,12 @@ class CaseResult:
 
     @property
     def verdict(self) -> str:
-        """error, unsharded-error, fail (a result is wrong), plan-mismatch (right, but not what the plan says ran),
-        not-sharded (right, but the work was not distributed), replicated (right, and encoded whole on every rank
-        as the implementation's fallback policy says), or pass; the first that applies."""
+        """error, resource (a rank could not allocate), unsharded-error, fail (a result is wrong), plan-mismatch
+        (right, but not what the plan says ran), not-sharded (right, but the work was not distributed), replicated
+        (right, and encoded whole on every rank as the implementation's fallback policy says), or pass; the first
+        that applies."""
+        if budget.resource_failure(self) is not None:
+            return "resource"  # a rank could not allocate: no verdict on the encoder, nor on sharding
         if self.error is not None:
             return "error"
         if any(r.unsharded_error is not None for r in self.ranks):
@@ -108,6 +113,7 @@ def run_case(case: Case, backend: str | None = None, timeout: float | None = Non
 
     ``fault_grace``: seconds the other ranks get to finish once one rank raised (the harness's default is 3 s).
     """
+    budget.check(case, case.id)  # SpecTooLarge before any rank builds a tensor
     chosen = resolve_backend(backend, case.world_size)  # once: the expectation and the run use the same backend
     try:
         ranks = run_ranks(rank_body, case.world_size, case, backend=chosen, timeout=timeout, fault_grace=fault_grace)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,10 @@ class SpecError(ValueError):
     """A microbatch spec that does not describe a valid microbatch; the message names the field."""
 
 
+class SpecTooLarge(SpecError):
+    """A valid spec whose estimated memory on this machine is over the limit (vdpcp.budget); names the field."""
+
+
 @dataclass(frozen=True)
 class MicrobatchSpec:
     images: tuple[tuple[int, int], ...]
@@ -40,6 +44,14 @@ class MicrobatchSpec:
 
     def __post_init__(self):
         _validate(self)
+
+    def __repr__(self) -> str:
+        """As a dataclass's, but a long spec (a test's failure, a log) by its counts and sizes, not every image."""
+        if len(self.images) <= 8:
+            return f"MicrobatchSpec({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in fields(self))})"
+        from vdpcp.budget import summary
+
+        return f"MicrobatchSpec(<{summary(self)}>)"
 
     # --- shapes -------------------------------------------------------------------------------
     @property
@@ -78,13 +90,14 @@ class MicrobatchSpec:
         if "images" not in data:
             raise SpecError(f"{source}: field 'images' is missing; expected a list of [H, W] pairs")
         images = data["images"]
-        if not isinstance(images, list) or not all(
-            isinstance(s, list | tuple) and len(s) == 2 and all(_is_int(v) for v in s) for s in images
-        ):
-            raise SpecError(f"{source}: field 'images' must be a list of [H, W] integer pairs, got {images!r}")
+        bad = [] if not isinstance(images, list) else [i for i, s in enumerate(images) if not (
+            isinstance(s, list | tuple) and len(s) == 2 and all(_is_int(v) for v in s))][:1]
+        if not isinstance(images, list) or bad:
+            first = f" ('images'[{bad[0]}] = {images[bad[0]]!r})" if bad and len(images) > 8 else ""
+            raise SpecError(f"{source}: field 'images' must be a list of [H, W] integer pairs, got {clipped(images)}{first}")
         num_frames = data.get("num_frames")
         if num_frames is not None and (not isinstance(num_frames, list) or not all(_is_int(n) for n in num_frames)):
-            raise SpecError(f"{source}: field 'num_frames' must be a list of integers, got {num_frames!r}")
+            raise SpecError(f"{source}: field 'num_frames' must be a list of integers, got {clipped(num_frames)}")
         for key in ("temporal_patch_size", "patch_dim", "seed"):
             if key in data and not _is_int(data[key]):
                 raise SpecError(f"{source}: field '{key}' must be an integer, got {data[key]!r}")
@@ -151,6 +164,14 @@ def read_json(path: Path):
         raise SpecError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
 
 
+def clipped(values, shown: int = 8) -> str:
+    """A list for an error message: whole when short, else its first few items and how many there are (a spec of
+    100,000 images is named, not printed)."""
+    if not isinstance(values, list | tuple) or len(values) <= shown:
+        return repr(list(values) if isinstance(values, tuple) else values)
+    return f"[{', '.join(repr(v) for v in values[:shown])}, ... ({len(values):,} in all)]"
+
+
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -173,10 +194,10 @@ def _validate(spec: MicrobatchSpec) -> None:
             raise SpecError(f"field 'num_frames' is required when temporal_patch_size={T} > 1")
         return
     if any(n <= 0 for n in spec.num_frames):
-        raise SpecError(f"field 'num_frames' = {list(spec.num_frames)}: every media item needs at least one frame")
+        raise SpecError(f"field 'num_frames' = {clipped(spec.num_frames)}: every media item needs at least one frame")
     if sum(spec.num_frames) != len(spec.images):
         raise SpecError(
-            f"field 'num_frames' = {list(spec.num_frames)} sums to {sum(spec.num_frames)}, "
+            f"field 'num_frames' = {clipped(spec.num_frames)} sums to {sum(spec.num_frames)}, "
             f"expected len(images) = {len(spec.images)}"
         )
     if T > 1:  # frames of one tubelet are stacked channel-wise, so a video's frames share a size

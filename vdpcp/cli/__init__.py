@@ -7,6 +7,7 @@ some microbatch was not sharded where it should have been.
 """
 
 import argparse
+import contextlib
 import importlib
 import os
 import pkgutil
@@ -30,6 +31,32 @@ def add_run_options(parser) -> None:
     """Where the ranks run: --backend and --timeout, as every case-running subcommand takes them."""
     parser.add_argument("--backend", choices=BACKENDS, default=None, help="process-group backend (default: $VDPCP_BACKEND or auto)")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="seconds before a case counts as hung")
+
+
+def add_budget_option(parser) -> None:
+    """--max-spec-bytes, for every subcommand that runs cases: each case is sized first (vdpcp.budget)."""
+    parser.add_argument("--max-spec-bytes", default=None, metavar="BYTES",
+                        help="refuse a case whose estimated memory on this machine (every rank, both arms) is over "
+                             "BYTES, e.g. 16G (default: $VDPCP_MAX_SPEC_BYTES, else 8G)")
+
+
+@contextlib.contextmanager
+def spec_limit(value):
+    """--max-spec-bytes for one subcommand, then the limit as it was; a bad limit, or a spec over it, wherever it is
+    met, is one usage error (exit 2)."""
+    from vdpcp import budget
+
+    try:
+        with budget.limited(value):
+            budget.limit()  # a bad VDPCP_MAX_SPEC_BYTES: one line, before anything runs
+            yield
+    except budget.BudgetError as err:
+        raise UsageError(str(err)) from None
+    except Exception as err:
+        spec = sys.modules.get("vdpcp.spec")
+        if spec is not None and isinstance(err, spec.SpecTooLarge):
+            raise UsageError(str(err)) from None
+        raise
 
 
 IMPL_HELP = ("a registered implementation (reference, mcore, qwen2_5_vl, automodel, automodel-shipped, or one an installed "
@@ -83,7 +110,8 @@ def main(argv=None) -> int:
     try:
         # --impl module:object names a module of the project it is run from, as `python -m` would find it
         sys.path.insert(0, os.getcwd())
-        with configured():  # whatever a subcommand configures (backend, preload) ends with it
+        # whatever a subcommand configures (backend, preload, the spec limit) ends with it
+        with configured(), spec_limit(getattr(args, "max_spec_bytes", None)):
             return int(args.func(args) or 0)
     except UsageError as err:
         print(f"vdpcp {args.command}: {err}", file=sys.stderr)

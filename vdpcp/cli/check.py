@@ -17,7 +17,7 @@ import io
 import time
 from pathlib import Path
 
-from vdpcp.cli import DTYPES, IMPL_HELP, LOSSES, SPLITS, UsageError, add_run_options, checked_impls, checked_splits
+from vdpcp.cli import DTYPES, IMPL_HELP, LOSSES, SPLITS, UsageError, add_budget_option, add_run_options, checked_impls, checked_splits
 
 
 def register(subparsers) -> None:
@@ -35,6 +35,7 @@ def register(subparsers) -> None:
                         help="dtype of every case (default float64; bf16 gradients compare as vectors, see vdpcp.case)")
     parser.add_argument("--mutant", metavar="NAME", help="apply a named mutant (vdpcp.mutants) to every case: see what kills it")
     add_run_options(parser)
+    add_budget_option(parser)
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every case's result as JSON")
     parser.add_argument("--junit-xml", type=Path, metavar="PATH", help="write JUnit XML (one testcase per case)")
     parser.add_argument("--list", action="store_true", help="list the selected case ids and exit")
@@ -43,8 +44,9 @@ def register(subparsers) -> None:
 
 def select(args) -> tuple[list, list]:
     """The cases the options ask for, in the matrix's order, and the scenario table they come from;
-    UsageError on bad input or an empty selection."""
-    from vdpcp import scenarios
+    UsageError on bad input, an empty selection or a case over the spec limit (sized before any runs)."""
+    from vdpcp import budget, scenarios
+    from vdpcp.case import Case
     from vdpcp.spec import SpecError
 
     for n in args.cp or ():
@@ -57,7 +59,13 @@ def select(args) -> tuple[list, list]:
     filters = {"impls": impls, "splits": checked_splits(args.split, impls), "losses": tuple(args.loss or LOSSES)}
     try:
         if args.spec:
-            table = [s for path in args.spec for s in scenarios.spec_scenarios(path, cps)]
+            table = []
+            for path in args.spec:
+                rows = scenarios.spec_scenarios(path, cps)
+                for row, cp, impl in ((r, cp, i) for r in rows for cp in r.cps for i in filters["impls"]):
+                    # before the matrix plans every split (packing 100,000 images alone takes minutes)
+                    budget.check(Case(row.spec, cp, impl, dtype=args.dtype), path if path.is_file() else f"{path} ({row.spec.name})")
+                table += rows
         else:
             table = scenarios.scenarios()
         cases = scenarios.matrix(cps, table=table, special=not args.spec, **filters)
@@ -75,6 +83,11 @@ def select(args) -> tuple[list, list]:
         cases = [c.with_(mutant=args.mutant) for c in cases]
     if not cases:
         raise UsageError("no case matches the options (--cp, --impl, --split, --loss, --match)")
+    try:
+        for case in cases:
+            budget.check(case, case.id)
+    except SpecError as err:
+        raise UsageError(str(err)) from None
     return cases, table
 
 

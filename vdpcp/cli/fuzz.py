@@ -60,6 +60,8 @@ def _summary(report, seconds: float) -> str:
     search = report.search
     head = f"fuzz cp={search.cp} {search.tag} seed={search.seed}"
     counts = f"{report.passed} passed, {report.unsharded_errors} rejected by the unsharded encoder too"
+    if report.resource_failures:
+        counts += f", {report.resource_failures} out of memory on some rank"
     finding = report.finding
     if finding is None:
         return f"{head}: no failure in {report.drawn} microbatches ({counts}) in {seconds:.1f} s"
@@ -71,15 +73,24 @@ def _summary(report, seconds: float) -> str:
     lines = [
         f"{head}: failure after {report.drawn} microbatches: {finding.signature}",
         f"shrunk in {report.shrink_runs} runs to {len(spec.media_frames)} media item(s), {len(spec.images)} row(s): "
-        + json.dumps({k: v for k, v in spec.to_dict().items() if k != "name"}),
+        + _spec_text(spec, name=False),
         f"{report.runs} runs ({counts}) in {seconds:.1f} s",
     ]
     if not finding.reproduced:
         lines.append("warning: this spec did not fail the same way when run again (flaky)")
-    lines += [f"also failed while shrinking, differently: {sig} on {json.dumps(s.to_dict())}"
+    lines += [f"also failed while shrinking, differently: {sig} on {_spec_text(s)}"
               for sig, s in report.other_failures.items()]
     lines += [f"wrote {finding.path}", f"replay: vdpcp replay {finding.path}"]
     return "\n".join(lines)
+
+
+def _spec_text(spec, name: bool = True) -> str:
+    """A spec as JSON when short; a long one by its counts and size ranges (vdpcp.budget.summary)."""
+    from vdpcp.budget import SHORT_ROWS, summary
+
+    if len(spec.images) > SHORT_ROWS:
+        return summary(spec)
+    return json.dumps({k: v for k, v in spec.to_dict().items() if name or k != "name"})
 
 
 class _Progress:
@@ -102,7 +113,7 @@ class _Progress:
         return self._progress.__exit__(*exc)
 
     def update(self, report, spec, result) -> None:
-        found = report.shrink_runs or report.passed + report.unsharded_errors < report.drawn
+        found = report.shrink_runs or report.passed + report.unsharded_errors + report.resource_failures < report.drawn
         if found:
             self._progress.update(self._task, description=f"shrinking ({report.shrink_runs} runs)", completed=report.drawn)
         else:

@@ -5,15 +5,17 @@ flags, so it fails again with no flag retyped; a flag typed here overrides the f
 takes its CP size from --cp or the name's -cp<N> tag. Prints the plan (which rank encodes which images and
 placeholders), the verdict judged as `vdpcp check` judges it (a known upstream limit that fails the known way
 is an xfail with its reason), the failure signature against the saved one, and for an errored case the
-failing rank's traceback. Exit as `vdpcp check` does: 0 pass, replicated or xfail, 3 not-sharded, 1 any other
-failure, 2 bad spec or options, including a spec the unsharded encoder rejects too (then sharding is not to blame).
+failing rank's traceback. The case is sized before anything is built (vdpcp.budget): one over --max-spec-bytes
+is refused. Exit as `vdpcp check` does: 0 pass, replicated or xfail, 3 not-sharded, 1 any other failure, 2 bad
+spec or options, including a spec over the limit, one the unsharded encoder rejects too (then sharding is not to
+blame), and a rank out of memory (a resource failure, not a verdict).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from vdpcp.cli import DTYPES, IMPL_HELP, SPLITS, UsageError, add_run_options, checked_impls
+from vdpcp.cli import DTYPES, IMPL_HELP, SPLITS, UsageError, add_budget_option, add_run_options, checked_impls
 
 
 def register(subparsers) -> None:
@@ -36,6 +38,7 @@ def add_case_arguments(parser) -> None:
                         help="switch off even-grid padding: the pixel shuffle then rejects odd (placeholder) grids")
     parser.add_argument("--mutant", default=None, metavar="NAME", help="apply a named mutant of the sharded path (see vdpcp.mutants)")
     add_run_options(parser)
+    add_budget_option(parser)
 
 
 def check_mutant(name: str | None) -> None:
@@ -47,8 +50,8 @@ def check_mutant(name: str | None) -> None:
 
 def load_saved(path: Path, cp: int | None = None, **options):
     """(the Case a saved file describes, with typed options winning; the signature it was saved with).
-    UsageError naming the file and field on a bad file, option or CP size."""
-    from vdpcp import saved
+    UsageError naming the file and field on a bad file, option or CP size, or a case over the spec limit."""
+    from vdpcp import budget, saved
     from vdpcp.spec import SpecError
 
     try:
@@ -61,6 +64,10 @@ def load_saved(path: Path, cp: int | None = None, **options):
     checked_impls([case.impl])
     case = _own_split(case, options.get("split"), path)
     check_mutant(case.mutant)
+    try:
+        budget.check(case, str(path))
+    except (SpecError, budget.BudgetError) as err:
+        raise UsageError(str(err)) from None
     return case, found.signature
 
 
@@ -108,6 +115,7 @@ def plan_lines(case) -> list[str]:
     for shard in plan.shards:
         real = plan.order[shard.start : min(shard.stop, plan.num_real_rows)]  # out of image order when packed
         parts = [_rows_text(spec, owner, range(first, last + 1)) for first, last in row_runs(real)]
+        parts = _clipped(parts)
         if shard.num_placeholders:
             parts.append(f"{shard.num_placeholders} placeholder(s) {spec.patch_dim}x{spec.patch_dim}")
         lines.append(f"  rank {shard.rank}: {', '.join(parts) or 'nothing'} ({shard.num_patches} patches)")
@@ -116,12 +124,13 @@ def plan_lines(case) -> list[str]:
 
 def report(judged, path: Path | None = None, saved_signature: str | None = None) -> str:
     """The whole replay: case, plan, verdict and signature, failures, and the failing rank's traceback."""
+    from vdpcp import budget
     from vdpcp.fuzz import failing_rank, signature
 
     result = judged.result
     case = result.case
     lines = [f"replay {path or case.spec.name}: {case.id} (on {result.backend}, {result.device})",
-             f"spec: {case.spec.to_dict()}"]
+             f"spec: {budget.summary(case.spec, path)}", f"size: {budget.need(case).text()}"]
     lines += plan_lines(case)
     sig = signature(result)
     lines.append(f"verdict: {judged.verdict}" + (f" ({judged.why})" if judged.why else ""))
@@ -132,7 +141,7 @@ def report(judged, path: Path | None = None, saved_signature: str | None = None)
         lines.append(f"{same} the saved signature: {saved_signature}")
     if judged.verdict == "xfail" and case.grads:
         lines.append(f"the outputs alone can still be checked: vdpcp replay {path or '...'} --outputs-only")
-    if result.verdict == "error":
+    if result.error is not None:  # a rank raised, died or hung (out of memory, too)
         rank, what, traceback = failing_rank(result)
         lines.append(f"failing rank {rank}: {what}")
         lines.append(traceback)
@@ -150,6 +159,9 @@ def main(args) -> int:
     preload_case_modules([case.impl])
     judged = run_judged(case, backend=args.backend, timeout=args.timeout)
     print(report(judged, args.spec, saved_signature))
+    if judged.verdict == "resource":
+        raise UsageError(f"{args.spec}: {judged.why}: a resource failure, not a verdict on the encoder or on sharding; "
+                         f"run it where there is the memory, or shrink the spec")
     if judged.verdict == "unsharded-error":
         raise UsageError(f"{args.spec}: the unsharded encoder rejects this spec too "
                          f"({judged.result.ranks[0].unsharded_error}), so it says nothing about sharding")
@@ -179,8 +191,11 @@ def _row_owners(media_frames) -> list[tuple[int, int]]:
     return [(m, f) for m, n in enumerate(media_frames) for f in range(n)]
 
 
+SHOWN_ITEMS = 6  # media items a rank's plan line names; a longer run is clipped to its ends and a count
+
+
 def _rows_text(spec, owner, rows: range) -> str:
-    """Rows as media items: "image 0 (8x8)", "video 2 frames 0-3 (16x16)"."""
+    """Rows as media items: "image 0 (8x8)", "video 2 frames 0-3 (16x16)"; a long run by its ends and a count."""
     parts, r = [], rows.start
     while r < rows.stop:
         m, first = owner[r]
@@ -194,4 +209,8 @@ def _rows_text(spec, owner, rows: range) -> str:
         else:
             parts.append(f"video {m} frames {first}-{owner[end][1]} of {frames} ({h}x{w})")
         r = end + 1
-    return ", ".join(parts)
+    return ", ".join(_clipped(parts))
+
+
+def _clipped(parts: list[str]) -> list[str]:
+    return parts if len(parts) <= SHOWN_ITEMS else parts[:3] + [f"... {len(parts) - 5:,} more ..."] + parts[-2:]

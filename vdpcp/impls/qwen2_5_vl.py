@@ -229,6 +229,14 @@ class Qwen25VL(Implementation):
                 tokens[m.first_row] = m.tokens
         return Ownership(tuple(owner), tuple(tokens), tuple(int(start == stop) for start, stop in shards))
 
+    def patch_bytes(self, case) -> int:
+        """One arm's bytes per patch (vdpcp.budget): each patch enters the tower twice over in time, and inputs()'s
+        cat, pad and permute copy it again, with their gradients (about 12 elements per pixel value); the tower's
+        activations add about 1,600. Measured (float64, the slope of one arm's peak RSS): 80.8 KB a patch at P=16;
+        this says 86.5 KB. vdpcp's toy-tower estimate would say 31 KB."""
+        itemsize = {"float64": 8, "float32": 4, "bfloat16": 2}[case.dtype]
+        return itemsize * (12 * CHANNELS * case.spec.patch_dim**2 + 1600)
+
     def known_limit(self, case, backend: str) -> KnownLimit | None:
         if not case.spec.images:
             return EMPTY_MICROBATCH

@@ -1,0 +1,253 @@
+"""vdpcp.budget, in one process: what a case needs from its shapes, the limit and its scope, the one-line refusal
+just over it, out-of-memory texts told from verdicts, and long specs summarized."""
+
+import json
+
+import pytest
+import torch
+
+from vdpcp import budget
+from vdpcp.case import Case, RankResult
+from vdpcp.expectations import judge
+from vdpcp.fuzz import MAX_GRID, TUBELET_SIZES
+from vdpcp.impls import resolve
+from vdpcp.runner import CaseResult
+from vdpcp.spec import MicrobatchSpec, SpecError, SpecTooLarge
+
+from .out_of_memory import CPU_ALLOCATOR
+
+
+def spec(images, **fields) -> MicrobatchSpec:
+    return MicrobatchSpec(images=tuple(tuple(s) for s in images), **fields)
+
+
+# --- what a case needs -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fields, tower", [({}, "tiny"), (dict(patch_dim=16), "tiny"),
+                                           (dict(temporal_patch_size=2, num_frames=(2,)), "tiny"), ({}, "vit-l")])
+def test_the_toy_towers_parameters_are_counted_as_the_model_has_them(fields, tower):
+    images = [[32, 32]] * (2 if "num_frames" in fields else 1)
+    case = Case(spec(images, **fields), 1, tower=tower)
+    with torch.device("meta"):
+        model = resolve("reference").build_model(case, torch.float64, torch.device("meta"))
+    assert budget.toy_params(case) == sum(p.numel() for p in model.parameters())
+
+
+def test_every_rank_holds_the_unsharded_arm_and_its_own_shard():
+    # 5 equal images at CP 2: rank 0 encodes 2, rank 1 the remainder, 3, so it holds the most.
+    case = Case(spec([[16, 16]] * 5), 2)
+    need = budget.need(case)
+    assert need.patches == 80 and need.world == 2 and need.replicas == 1
+    assert need.ranks[1] > need.ranks[0] > need.unsharded
+    assert need.per_rank == need.ranks[1] and need.total == sum(need.ranks)
+    # unsharded (CP=1 or the opt-out): both arms are the whole microbatch
+    alone = budget.need(case.with_(cp=1))
+    assert alone.world == 1 and alone.ranks[0] >= 2 * alone.unsharded
+    opt_out = budget.need(case.with_(vision_dp_over_cp=False))
+    assert opt_out.ranks[0] == opt_out.ranks[1] > need.ranks[1]
+
+
+def test_dp_replicas_and_tp_ranks_each_hold_as_much():
+    case = Case(spec([[16, 16]] * 4), 2)
+    assert budget.need(case.with_(dp=2)).total == 2 * budget.need(case).total
+    assert budget.need(case.with_(dp=2, tp=2)).total == 4 * budget.need(case).total
+
+
+def test_the_estimate_shrinks_with_the_dtype_but_not_in_proportion():
+    case = Case(spec([[64, 64]] * 8), 2)
+    f64, f32, bf16 = (budget.need(case.with_(dtype=d)).unsharded for d in ("float64", "float32", "bfloat16"))
+    assert f64 / 2 < f32 < f64 and f32 / 2 < bf16 < f32
+
+
+def test_a_tubelet_is_one_unit_of_the_encoder():
+    stills = budget.need(Case(spec([[16, 16]] * 4), 1))
+    video = budget.need(Case(spec([[16, 16]] * 4, num_frames=(4,), temporal_patch_size=4), 1))
+    assert video.patches == stills.patches and video.unsharded < stills.unsharded
+
+
+class DeclaresItsCost:
+    name = "declares"
+
+    def __init__(self, value):
+        self.value = value
+
+    def encode(self, model, batch): ...
+
+    def encode_sharded(self, model, batch, config, group): ...
+
+    def patch_bytes(self, case):
+        return self.value
+
+
+declares_1k = DeclaresItsCost(1024)
+declares_nonsense = DeclaresItsCost(-3)
+
+
+def test_an_implementations_declared_cost_per_patch_replaces_the_toy_estimate():
+    case = Case(spec([[16, 16]] * 4), 1, impl="tests.bounds.test_budget:declares_1k")
+    assert budget.need(case).unsharded == 64 * 1024
+    with pytest.raises(budget.BudgetError, match=r"declares_nonsense: patch_bytes\(case\) is -3; expected a positive int"):
+        budget.need(case.with_(impl="tests.bounds.test_budget:declares_nonsense"))
+
+
+def test_the_qwen_adapter_declares_its_own_cost():
+    case = Case(spec([[16, 16]] * 4, patch_dim=4), 1, impl="qwen2_5_vl")
+    assert budget.declared_patch_bytes(case) is not None
+    assert budget.need(case).unsharded > budget.need(case.with_(impl="reference")).unsharded
+
+
+def test_the_largest_fuzz_draw_fits_the_default_limit_many_times_over():
+    # 2 * CP media items, each a video of 2T+1 frames of the largest grid, in tubelets of the largest T.
+    cp, T = 8, max(TUBELET_SIZES)
+    side = MAX_GRID * 4
+    worst = spec([[side, side]] * (2 * cp * (2 * T + 1)), num_frames=(2 * T + 1,) * (2 * cp), temporal_patch_size=T)
+    assert budget.need(Case(worst, cp)).total * 10 < budget.DEFAULT_LIMIT
+
+
+# --- the limit and the refusal ---------------------------------------------------------------------------
+
+TWO = Case(spec([[16, 16], [16, 32]], name="two"), 2)
+
+
+def test_a_case_just_under_the_limit_is_sized_and_one_just_over_is_refused_in_one_line():
+    total = budget.need(TWO).total
+    with budget.limited(total):
+        assert budget.check(TWO, "two.json").total == total
+    with budget.limited(total - 1), pytest.raises(SpecTooLarge) as refused:
+        budget.check(TWO, "two.json")
+    text = str(refused.value)
+    assert "\n" not in text and text.startswith("two.json: field 'images'[1] = [16, 32] is 32 patches (patch_dim=4): at CP=2 ")
+    assert f"over --max-spec-bytes {total - 1} of " in text and "VDPCP_MAX_SPEC_BYTES" in text
+    assert isinstance(refused.value, SpecError)  # every entry point's bad-spec path takes it
+
+
+def test_the_refusal_names_the_one_image_that_is_too_large():
+    case = Case(spec([[8, 8], [65536, 65536], [8, 8]]), 1)
+    with pytest.raises(SpecTooLarge, match=r"^x: field 'images'\[1\] = \[65536, 65536\] is 268,435,456 patches "
+                                           r"\(patch_dim=4\): at CP=1 the case needs about [\d.]+ TiB on this machine "
+                                           r"\(1 rank, float64; the unsharded encoder alone [\d.]+ TiB\), over the "
+                                           r"default limit of 8.0 GiB"):
+        budget.check(case, "x")
+
+
+def test_the_issues_hundred_thousand_small_images_are_refused_by_their_count():
+    case = Case(spec([[16, 16]] * 100_000), 2)
+    with pytest.raises(SpecTooLarge, match=r"field 'images' holds 100,000 images, 1,600,000 patches .*\(2 ranks x up to"):
+        budget.check(case)
+
+
+@pytest.mark.parametrize("text, expected", [("8G", 8 << 30), ("512M", 512 << 20), ("1.5GiB", 3 << 29), ("2tb", 2 << 40),
+                                            ("8589934592", 8 << 30), (" 64 K ", 64 << 10), (4096, 4096)])
+def test_limits_read_as_binary_units(text, expected):
+    assert budget.parse_bytes(text, "x") == expected
+
+
+@pytest.mark.parametrize("text", ["", "abc", "-1", "0", "8X", "1e9", True])
+def test_a_limit_that_is_not_bytes_is_one_error_naming_it(text):
+    with pytest.raises(budget.BudgetError, match=r"^VDPCP_MAX_SPEC_BYTES is .*; expected a (positive )?number of bytes"):
+        budget.parse_bytes(text, budget.ENV)
+
+
+def test_the_limit_is_scoped_strongest_first(monkeypatch):
+    monkeypatch.delenv(budget.ENV, raising=False)
+    assert budget.limit() == (budget.DEFAULT_LIMIT, "the default limit")
+    monkeypatch.setenv(budget.ENV, "2G")
+    assert budget.limit() == (2 << 30, "VDPCP_MAX_SPEC_BYTES=2G")
+    with budget.limited("1G"):
+        with budget.limited("3G", "--vdpcp-max-spec-bytes"):
+            assert budget.limit() == (3 << 30, "--vdpcp-max-spec-bytes 3G")
+        assert budget.limit() == (1 << 30, "--max-spec-bytes 1G")
+        with budget.limited(None):
+            assert budget.limit()[0] == 1 << 30
+    assert budget.limit()[0] == 2 << 30 and budget.override() is None
+    with pytest.raises(RuntimeError), budget.limited("5G"):
+        raise RuntimeError("a failing block")
+    assert budget.override() is None
+    monkeypatch.setenv(budget.ENV, "lots")
+    with pytest.raises(budget.BudgetError, match="VDPCP_MAX_SPEC_BYTES is 'lots'"):
+        budget.limit()
+
+
+# --- out of memory is a resource failure, not a verdict ----------------------------------------------------
+
+# As the harness words it (vdpcp.harness.outcome): rank 0, waiting in the gather, quotes rank 1's error.
+RANK_FAILURE = ("vdpcp.runner.rank_body (gloo, world size 2) failed on 2 of 2 ranks: rank 0 hung: still running 3 s after "
+                "rank 1 raised {exc}; rank 1 raised {exc}\n\n"
+                "----- rank 0: hung: still running 3 s after rank 1 raised {exc} -----\n  File \"comm.py\", line 34 in forward\n\n"
+                "----- rank 1: raised {exc} -----\nTraceback (most recent call last):\n  ...\n{exc}")
+
+# (the exception line a rank raised, what the verdict's text must say)
+OUT_OF_MEMORY = [
+    (f"RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. {CPU_ALLOCATOR}",  # as torch 2.14 words it
+     f"rank 1 ran out of memory: tried to allocate 96.0 GiB (RuntimeError: {CPU_ALLOCATOR})"),
+    (f"RuntimeError: {CPU_ALLOCATOR}", "rank 1 ran out of memory: tried to allocate 96.0 GiB (RuntimeError: DefaultCPUAllocator"),
+    ("RuntimeError: std::bad_alloc", "rank 1 ran out of memory (RuntimeError: std::bad_alloc)"),
+    ("MemoryError", "rank 1 ran out of memory (MemoryError)"),
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.8 GiB",
+     "rank 1 ran out of memory: tried to allocate 2.0 GiB (torch.OutOfMemoryError: CUDA out of memory."),
+    ("OSError: [Errno 12] Cannot allocate memory", "rank 1 ran out of memory (OSError: [Errno 12] Cannot allocate memory)"),
+]
+
+
+@pytest.mark.parametrize("exc, expected", OUT_OF_MEMORY, ids=["enforce", "cpu-allocator", "bad-alloc", "MemoryError", "cuda", "errno"])
+def test_a_rank_out_of_memory_is_a_resource_failure_naming_the_rank_and_the_size(exc, expected):
+    result = CaseResult(TWO, error=RANK_FAILURE.format(exc=exc), backend="gloo")
+    assert result.verdict == "resource"
+    verdict, why = judge(result)
+    assert verdict == "resource" and why.startswith(expected), why
+
+
+def test_an_unsharded_encoder_out_of_memory_is_a_resource_failure_not_the_encoders_verdict():
+    ranks = [RankResult(r, r, unsharded_error="RuntimeError: std::bad_alloc") for r in range(2)]
+    result = CaseResult(TWO, ranks=ranks, backend="gloo")
+    assert result.verdict == "resource"
+    assert judge(result) == ("resource", "rank 0 ran out of memory (RuntimeError: std::bad_alloc) in the unsharded encoder")
+
+
+def test_a_resource_failure_wins_over_a_known_limits_expectation():
+    case = Case(spec([[16, 16], [16, 16], [16, 32]]), 2, impl="mcore")  # a gloo gather-backward xfail
+    result = CaseResult(case, error=RANK_FAILURE.format(exc="MemoryError"), backend="gloo")
+    assert judge(result)[0] == "resource"
+
+
+@pytest.mark.parametrize("exc", ["ValueError: pixel shuffle needs an even patch grid, got 1x1", "RuntimeError: std::bad_cast",
+                                 "RuntimeError: shape '[1, 16]' is invalid for input of size 12"])
+def test_other_errors_stay_errors(exc):
+    assert CaseResult(TWO, error=RANK_FAILURE.format(exc=exc), backend="gloo").verdict == "error"
+    ranks = [RankResult(0, 0, unsharded_error=exc)]
+    assert CaseResult(TWO, ranks=ranks, backend="gloo").verdict == "unsharded-error"
+
+
+def test_a_rank_text_without_sections_is_read_from_its_headline():
+    result = CaseResult(TWO, error="rank_body failed on 2 of 2 ranks: rank 0 hung: still running 3 s after rank 1 raised "
+                                   "MemoryError; rank 1 raised MemoryError", backend="gloo")
+    assert budget.resource_failure(result) == "rank 1 ran out of memory (MemoryError)"
+
+
+# --- long specs --------------------------------------------------------------------------------------------
+
+
+def test_a_short_spec_is_printed_whole_and_a_long_one_by_counts_ranges_and_file():
+    short = spec([[8, 8], [8, 12]], name="short")
+    assert budget.summary(short) == str(short.to_dict()) and budget.spec_record(short) == short.to_dict()
+    long = spec([[16, 16]] * 99_990 + [[8, 24]] * 5 + [[32, 32]] * 5, name="many")
+    text = budget.summary(long, "crash/many.json")
+    assert text == ("many: 100,000 images, 8-32 x 16-32 px, 12-64 patches each, 1,600,220 in all (patch_dim=4), seed 0; "
+                    "the whole spec: crash/many.json")
+    record = budget.spec_record(long)
+    assert record["rows"] == 100_000 and record["patches"] == 1_600_220 and len(json.dumps(record)) < 300
+    video = spec([[16, 16]] * 13, num_frames=(5, 7, 1), temporal_patch_size=2, name="clips")
+    assert budget.summary(video) == ("clips: 13 rows in 3 media items, 2 videos of 5-7 frames (T=2), 16 x 16 px, 16 patches "
+                                     "each, 208 in all (patch_dim=4), seed 0")
+
+
+def test_a_bad_long_spec_names_its_first_bad_entry_and_is_not_printed_whole():
+    images = [[16, 16]] * 50_000 + [[16]] + [[16, 16]] * 49_999
+    with pytest.raises(SpecError) as bad:
+        MicrobatchSpec.from_dict({"images": images}, source="many.json")
+    text = str(bad.value)
+    assert len(text) < 300 and "(100,000 in all)" in text and "('images'[50000] = [16])" in text, text
+    with pytest.raises(SpecError, match=r"sums to 100000, expected len\(images\) = 100001") as bad:
+        MicrobatchSpec.from_dict({"images": [[8, 8]] * 100_001, "num_frames": [1] * 100_000})
+    assert len(str(bad.value)) < 300
