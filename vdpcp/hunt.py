@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from vdpcp.runner import run_judged
@@ -25,14 +26,15 @@ def hunt(name: str, cases, backend: str | None = None, timeout: float | None = N
     """Run ``cases`` (un-mutated) with mutant ``name`` applied, stopping at the first kill.
 
     A case kills the mutant when its verdict is not passing (an expected xfail that fails the expected way
-    does not count). ``on_case(case, verdict)`` is called after each.
+    does not count). ``on_case(case, judged, seconds)`` is called after each (a vdpcp.runner.Judged).
     """
     found = Hunt(name)
     for case in cases:
+        started = time.monotonic()
         judged = run_judged(case.with_(mutant=name), backend=backend, timeout=timeout)
         found.tried.append(case.id)
         if on_case is not None:
-            on_case(case, judged.verdict)
+            on_case(case, judged, time.monotonic() - started)
         if not judged.passing:
             found.killed_by = case.id
             found.verdict = f"{judged.verdict}: {judged.why or _first_failure(judged.result)}"
