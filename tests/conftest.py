@@ -3,11 +3,12 @@
 The preload: the case modules and the imports of the built-ins (MCore) and of the adapters tested in tests/impls
 (transformers' Qwen2.5-VL and Qwen3-VL towers, Automodel's sharding), one import per pool, not one per rank. The
 guard: a test (or an in-process CLI call inside it) that leaves the harness configuration, the spec limit, the
-environment or torch's default dtype changed fails, so no setting reaches the next test (a GPU job once ran gloo
-because one did).
+environment, torch's default dtype or a SIGTERM/SIGINT handler changed fails, so no setting reaches the next test
+(a GPU job once ran gloo because one did).
 """
 
 import os
+import signal
 
 import pytest
 import torch
@@ -30,8 +31,9 @@ NOT_SETTINGS = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR")
 
 def _process_settings() -> dict:
     environment = {k: v for k, v in os.environ.items() if k not in NOT_SETTINGS}
-    return {"harness configuration": dict(harness_config._configured), "spec limit": budget.override(), "environment": environment,
-            "torch default dtype": torch.get_default_dtype()}
+    return {"harness configuration": dict(harness_config._configured), "spec limit": budget.override(),
+            "environment": environment, "torch default dtype": torch.get_default_dtype(),
+            "signal handlers": {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}}
 
 
 @pytest.fixture(autouse=True)

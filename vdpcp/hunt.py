@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from vdpcp.mutants import NOT_APPLICABLE
@@ -32,14 +33,15 @@ def hunt(name: str, cases, backend: str | None = None, timeout: float | None = N
 
     A case kills the mutant when its verdict is not passing (an expected xfail that fails the expected way
     does not count); a mutant that says it does not apply to the implementation stops the hunt as such.
-    ``on_case(case, verdict)`` is called after each.
+    ``on_case(case, judged, seconds)`` is called after each (a vdpcp.runner.Judged).
     """
     found = Hunt(name)
     for case in cases:
+        started = time.monotonic()
         judged = run_judged(case.with_(mutant=name), backend=backend, timeout=timeout)
         found.tried.append(case.id)
         if on_case is not None:
-            on_case(case, judged.verdict)
+            on_case(case, judged, time.monotonic() - started)
         error = judged.result.error or ""
         if NOT_APPLICABLE in error:  # every rank said so: the implementation lacks what the mutant changes
             found.not_applicable = error[error.index(NOT_APPLICABLE):].splitlines()[0]

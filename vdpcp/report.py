@@ -21,6 +21,7 @@ from rich.table import Table
 
 from vdpcp.budget import spec_record
 from vdpcp.cli import UsageError
+from vdpcp.progress import write_atomically
 
 STYLES = {"pass": "green", "replicated": "green", "xfail": "yellow", "killed": "green", "n/a": "yellow",
           "fail": "bold red", "error": "bold red", "xpass": "bold red", "survived": "bold red",
@@ -193,7 +194,7 @@ def _junit_case(name, classname, seconds, verdict, message, detail) -> dict:
 def _write(path: Path, text: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        write_atomically(path, text)  # rewritten after every case: never half a report
     except OSError as err:
         raise UsageError(f"{path}: cannot write the report ({err.strerror})") from None
 

@@ -7,7 +7,10 @@ CUDA runtime. Every rank that imports megatron printed them, and the harness ech
 `[rank r]` lines into test output and check reports. Other warnings from these libraries still show.
 """
 
+import contextlib
+import io
 import logging
+import sys
 import warnings
 
 MEGATRON_NOTICES = ((r"Transformer Engine and Apex are not installed", UserWarning),
@@ -31,3 +34,18 @@ def pytest_filterwarnings() -> list[str]:
 
 def _not_no_cuda_runtime(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith(NO_CUDA_RUNTIME)
+
+
+def import_cpp_extension_quietly() -> None:
+    """Import torch.utils.cpp_extension (megatron imports it) with its no-CUDA-runtime notice dropped, for a
+    process that forks ranks (the rank zygote): torch 2.6 prints that notice to stderr instead of logging it,
+    which no filter reaches, and every rank would echo it. Any other output of the import still shows."""
+    if "torch.utils.cpp_extension" in sys.modules:
+        return
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(printed):
+            import torch.utils.cpp_extension  # noqa: F401
+    finally:
+        sys.stderr.write("".join(line for line in printed.getvalue().splitlines(keepends=True)
+                                 if not line.startswith(NO_CUDA_RUNTIME)))

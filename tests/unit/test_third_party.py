@@ -45,3 +45,38 @@ def test_torch_logs_no_cuda_runtime_silenced_and_its_other_logs_not():
     record = lambda msg, arg: logger.makeRecord(logger.name, logging.WARNING, "cpp_extension.py", 1, msg, (arg,), None)  # noqa: E731
     assert not logger.filter(record("No CUDA runtime is found, using CUDA_HOME=%r", "/usr/local"))
     assert logger.filter(record("Error checking compiler version for %s", "c++"))
+
+
+STAND_IN = """
+import sys, types
+from importlib.machinery import ModuleSpec
+
+class Loader:  # prints as torch 2.6's cpp_extension does on import, and a line of its own
+    def create_module(self, spec):
+        return types.ModuleType(spec.name)
+
+    def exec_module(self, module):
+        print("No CUDA runtime is found, using CUDA_HOME='/usr/local'", file=sys.stderr)
+        print("another notice", file=sys.stderr)
+
+class Finder:
+    def find_spec(self, name, path=None, target=None):
+        return ModuleSpec(name, Loader()) if name == "torch.utils.cpp_extension" else None
+
+sys.meta_path.insert(0, Finder())
+from vdpcp import third_party
+third_party.import_cpp_extension_quietly()
+third_party.import_cpp_extension_quietly()  # once imported, nothing again
+assert isinstance(sys.modules["torch.utils.cpp_extension"].__spec__.loader, Loader)
+"""
+
+
+def test_a_quiet_import_of_torchs_cpp_extension_drops_the_no_cuda_notice_and_nothing_else():
+    """torch 2.6 prints the notice when the module is first imported (later versions log it): a stand-in module,
+    in a fresh interpreter, prints it and a line of its own."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", STAND_IN], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == "another notice\n"

@@ -2,8 +2,9 @@
 
 Each subcommand module defines ``register(subparsers)``, which adds its parser and sets ``func``
 (a callable taking the parsed args and returning the exit code). Exit codes: 0 every case passed,
-1 a case failed (or the fuzzer found a failure), 2 bad input, 3 (check, replay) every result was right but
-some microbatch was not sharded where it should have been.
+1 a case failed (or the fuzzer found a failure, or --maxfail stopped the run), 2 bad input, 3 (check, replay)
+every result was right but some microbatch was not sharded where it should have been, 143 (130) stopped by
+SIGTERM (Ctrl-C) after the cases it finished (vdpcp.progress).
 """
 
 import argparse

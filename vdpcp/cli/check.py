@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from vdpcp.cli import DTYPES, IMPL_HELP, LOSSES, SPLITS, UsageError, add_budget_option, add_run_options, checked_impls, checked_splits
+from vdpcp.progress import add_maxfail_options
 
 
 def register(subparsers) -> None:
@@ -39,6 +40,7 @@ def register(subparsers) -> None:
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every case's result as JSON")
     parser.add_argument("--junit-xml", type=Path, metavar="PATH", help="write JUnit XML (one testcase per case)")
     parser.add_argument("--list", action="store_true", help="list the selected case ids and exit")
+    add_maxfail_options(parser)
     parser.set_defaults(func=main)
 
 
@@ -92,14 +94,13 @@ def select(args) -> tuple[list, list]:
 
 
 def main(args) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from vdpcp import report, scenarios
+    from vdpcp import progress, report, scenarios
+    from vdpcp.expectations import PASSING
     from vdpcp.harness import BackendUnavailable
     from vdpcp.harness.config import configure, resolve_backend
     from vdpcp.runner import preload_case_modules, run_judged
 
+    progress.checked_maxfail(args.maxfail)  # a bad value is a usage error before anything runs
     cases, table = select(args)
     if args.list:
         print("\n".join(case.id for case in cases))
@@ -113,29 +114,36 @@ def main(args) -> int:
     except BackendUnavailable as err:
         raise UsageError(f"--backend {args.backend}: {err}") from None
     rows = []
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=Console(stderr=True), redirect_stdout=False, redirect_stderr=False, transient=True)
-    with progress:
-        task = progress.add_task("check", total=len(cases))
+
+    def write_reports(state: dict) -> None:  # after every case: a killed job leaves what it finished
+        if args.json:
+            report.write_json(args.json, "check", [report.check_record(r) for r in rows], backend=_label(rows),
+                              finished=len(rows), **state)
+        if args.junit_xml:
+            report.write_junit(args.junit_xml, "vdpcp check", [report.check_junit(r) for r in rows])
+
+    with progress.Run("check", len(cases), args.maxfail, write_reports) as run:
         for case in cases:
-            progress.update(task, description=case.id)
+            run.start(case.id)
             printed = io.StringIO()
             started = time.monotonic()
             with contextlib.redirect_stdout(printed):  # the ranks' own output: kept for cases that do not pass
                 judged = run_judged(case, timeout=args.timeout)
             rows.append(report.CheckRow(scenarios.family_of(case, table), judged.verdict, judged.why, judged.result,
                                         time.monotonic() - started, "" if judged.passing else printed.getvalue()))
-            progress.advance(task)
+            if run.finish(progress.Finished.of(case.id, judged, rows[-1].seconds), judged.passing):
+                break
 
     out = report.console()
-    label = "/".join(sorted({row.result.backend for row in rows}))
-    out.print(report.check_table(rows, label))
-    out.print(report.check_summary(rows))
-    if args.json:
-        report.write_json(args.json, "check", [report.check_record(r) for r in rows], backend=label)
-    if args.junit_xml:
-        report.write_junit(args.junit_xml, "vdpcp check", [report.check_junit(r) for r in rows])
+    out.print(report.check_table(rows, _label(rows)))
+    out.print(report.check_summary(rows) + run.summary())
+    if run.stopped or run.signal_code is not None:
+        return run.exit_code(all(r.verdict in PASSING for r in rows))
     return exit_code([r.verdict for r in rows])
+
+
+def _label(rows) -> str:
+    return "/".join(sorted({row.result.backend for row in rows}))
 
 
 NOT_SHARDED_EXIT = 3

@@ -94,27 +94,40 @@ def _spec_text(spec, name: bool = True) -> str:
 
 
 class _Progress:
-    """A rich progress line on stderr: microbatches drawn, then shrinking runs. Silent when not a terminal."""
+    """Every microbatch run, as it ends: a rich progress line on stderr while it is a terminal (drawn, then
+    shrinking runs), a log line on stdout while that is not (vdpcp.progress)."""
 
     def __init__(self, search):
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from vdpcp.progress import CaseProgress
 
-        console = Console(stderr=True)
-        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                  TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal)
-        self._task = self._progress.add_task(f"fuzz cp={search.cp} {search.tag}: drawing", total=search.budget)
+        self._budget = search.budget
+        self._shown = CaseProgress(f"fuzz cp={search.cp} {search.tag}: drawing", search.budget)
+        self._last = time.monotonic()
 
     def __enter__(self):
-        self._progress.__enter__()
+        self._shown.__enter__()
+        self._last = time.monotonic()
         return self
 
     def __exit__(self, *exc):
-        return self._progress.__exit__(*exc)
+        return self._shown.__exit__(*exc)
 
     def update(self, report, spec, result) -> None:
-        found = report.shrink_runs or report.passed + report.unsharded_errors + report.resource_failures < report.drawn
-        if found:
-            self._progress.update(self._task, description=f"shrinking ({report.shrink_runs} runs)", completed=report.drawn)
+        from vdpcp.progress import Finished, first_failure, line, where
+
+        now, seconds = time.monotonic(), time.monotonic() - self._last
+        self._last = now
+        if report.shrink_runs:
+            position = f"[shrink {report.shrink_runs}]"
+            self._shown.update(description=f"shrinking ({report.shrink_runs} runs)", completed=report.drawn)
         else:
-            self._progress.update(self._task, completed=report.drawn)
+            position = f"[replay {report.replayed}]" if report.replayed == report.drawn else f"[{report.drawn}/{self._budget}]"
+            self._shown.update(completed=report.drawn)
+        why = "" if result.verdict == "pass" else first_failure(result)
+        self._shown.say(line(Finished(_spec_text(spec), result.verdict, seconds, where(result), why), position))
+
+
+def _spec_text(spec) -> str:
+    """A drawn microbatch in one short line: its shapes and seed (every drawn case has the same id)."""
+    fields = {k: v for k, v in spec.to_dict().items() if k != "name" and v is not None}
+    return " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in fields.items())

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from vdpcp.cli import IMPL_HELP, UsageError, add_run_options, checked_impls
+from vdpcp.progress import add_maxfail_options
 
 
 def register(subparsers) -> None:
@@ -29,20 +30,19 @@ def register(subparsers) -> None:
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every mutant's result as JSON")
     parser.add_argument("--junit-xml", type=Path, metavar="PATH", help="write JUnit XML (one testcase per mutant)")
     parser.add_argument("--list", action="store_true", help="list the mutants with their bugs and kill sets, and exit")
+    add_maxfail_options(parser, "mutants that survive")
     parser.set_defaults(func=main)
 
 
 def main(args) -> int:
-    from rich.console import Console
-    from rich.progress import Progress, TextColumn, TimeElapsedColumn
-
-    from vdpcp import report, scenarios
+    from vdpcp import progress, report, scenarios
     from vdpcp.harness.config import configure
     from vdpcp.hunt import hunt
     from vdpcp.impls import BUILT_INS
     from vdpcp.mutants import MUTANTS
     from vdpcp.runner import preload_case_modules
 
+    progress.checked_maxfail(args.maxfail)  # a bad value is a usage error before anything runs
     impl = checked_impls([args.impl])[0]
     applicable = [n for n, m in MUTANTS.items() if m.generic or impl == "reference"]
     unknown = [n for n in args.names if n not in applicable]
@@ -60,17 +60,24 @@ def main(args) -> int:
     if args.backend is not None:
         configure(backend=args.backend)  # for this call only: vdpcp.cli.main scopes it
     preload_case_modules([impl])
-
+    backend = args.backend or "auto"
     rows = []
-    progress = Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=Console(stderr=True),
-                        redirect_stdout=False, redirect_stderr=False, transient=True)
-    with progress:
-        task = progress.add_task("mutants", total=len(names))
+
+    def write_reports(state: dict) -> None:  # after every mutant: a killed job leaves what it finished
+        if args.json:
+            report.write_json(args.json, "mutants", [report.mutant_record(r) for r in rows], backend=backend, impl=impl,
+                              finished=len(rows), **state)
+        if args.junit_xml:
+            report.write_junit(args.junit_xml, "vdpcp mutants", [report.mutant_junit(r) for r in rows])
+
+    with progress.Run("mutants", len(names), args.maxfail, write_reports, noun="mutants",
+                      failing="mutant(s) that survived") as run:
         for name in names:
             started = time.monotonic()
 
-            def show(case, verdict, name=name):
-                progress.update(task, description=f"{name}: {case.id} {verdict}")
+            def show(case, judged, seconds, name=name):  # every case a mutant meets: a line of its own
+                run.start(f"{name}: {case.id} {judged.verdict}")
+                run.say(progress.line(progress.Finished.of(case.id, judged, seconds), f"{run.position()}  {name}:"))
 
             with contextlib.redirect_stdout(io.StringIO()):  # the ranks' own output
                 found = hunt(name, [] if args.full else kill_sets[name], timeout=args.timeout, on_case=show)
@@ -80,21 +87,18 @@ def main(args) -> int:
                     more.tried = found.tried + more.tried
                     found = more
             rows.append(report.MutantRow(found, MUTANTS[name].bug, time.monotonic() - started))
-            progress.advance(task)
+            outcome = f"killed by {found.killed_by}" if found.killed else "SURVIVED"
+            if run.finish(None, found.killed, f"{name}  {outcome} ({len(found.tried)} case(s), {rows[-1].seconds:.2f} s)"):
+                break
 
-    backend = args.backend or "auto"
     out = report.console()
     out.print(report.mutants_table(rows, backend))
     survived = [r.hunt.mutant for r in rows if r.hunt.survived]
     moot = [r.hunt.mutant for r in rows if r.hunt.not_applicable]
     out.print(f"{len(rows) - len(survived) - len(moot)} of {len(rows) - len(moot)} mutants of {impl} killed"
               + (f" ({len(moot)} do not apply: {', '.join(moot)})" if moot else "")
-              + (f"; SURVIVED: {', '.join(survived)}" if survived else ""))
-    if args.json:
-        report.write_json(args.json, "mutants", [report.mutant_record(r) for r in rows], backend=backend, impl=impl)
-    if args.junit_xml:
-        report.write_junit(args.junit_xml, "vdpcp mutants", [report.mutant_junit(r) for r in rows])
-    return 1 if survived else 0
+              + (f"; SURVIVED: {', '.join(survived)}" if survived else "") + run.summary())
+    return run.exit_code(not survived)
 
 
 def _kill_set(kills, matrix, impl: str) -> list:

@@ -17,7 +17,9 @@ from vdpcp.harness.outcome import DIED, RAISED, Outcome
 from vdpcp.harness.protocol import READY, Case
 
 _PACKAGE_ROOT = str(Path(vdpcp.__file__).resolve().parents[1])
-_ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+# TORCHINDUCTOR_COMPILE_THREADS: torch 2.6's inductor, which megatron-core's parallel_state imports, warms a
+# compile-worker pool at import time (a subprocess and a reader thread) when it may use more than one thread.
+_ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 _HARNESS_DIR = str(Path(__file__).resolve().parent) + os.sep
 ZYGOTE_REPLY_S = 30.0  # how long the zygote may take to fork or to report an exit: milliseconds, unless starved
 

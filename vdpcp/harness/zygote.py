@@ -32,6 +32,7 @@ import socket
 import sys
 import warnings
 
+from vdpcp import third_party
 from vdpcp.harness import worker
 
 MAX_MESSAGE = 1 << 16
@@ -54,6 +55,7 @@ def main(argv: list[str]) -> None:
 
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
+    third_party.import_cpp_extension_quietly()  # on torch 2.6 megatron's import would print a notice in every rank
     preload = _option(argv, "--preload")
     for name in filter(None, preload.split(",")):
         importlib.import_module(name)

@@ -158,20 +158,38 @@ def local_inputs(inputs: TowerInputs, start: int, stop: int) -> TowerInputs:
 
 
 def gather_features(local: torch.Tensor, kept: list[int], group) -> torch.Tensor:
-    """Each rank's first ``kept[rank]`` rows, in rank order, on every rank of ``group``.
+    """Each rank's first ``kept[rank]`` rows, in rank order, on every rank of ``group``; autograd-aware."""
+    return _GatherFeatures.apply(local, list(kept), group)
 
-    Shards are padded to the longest so one equal-sized all-gather serves gloo and NCCL alike. torch's
-    functional all_gather_single is autograd-aware (backward: a reduce-scatter, summing every rank's gradient);
-    torch.distributed.nn.functional.all_gather is deprecated for it, and on gloo its backward scatters from
-    group rank i as if it were global rank i, so it fails on every CP group but ranks 0..cp-1 ("Global rank 0 is
-    not part of group" on ranks 2 and 3 of a CP 2 x DP 2 world).
+
+class _GatherFeatures(torch.autograd.Function):
+    """Shards padded to the longest and all-gathered; backward: every rank's gradient summed over the group,
+    this rank's rows of it.
+
+    Plain ``dist.all_gather`` and ``dist.all_reduce`` on ``group``, because they are what every torch from the
+    declared floor on has, on gloo and NCCL alike, on any subgroup: torch's functional ``all_gather_single``
+    is not in torch 2.11; gloo has no list ``reduce_scatter`` in torch 2.6; ``all_gather_into_tensor`` and
+    ``reduce_scatter_tensor`` warn that they are deprecated from 2.14; and torch.distributed.nn's all_gather,
+    on gloo, scatters its backward from group rank i as if it were global rank i, which fails on every CP group
+    of a CP x DP layout but the first.
     """
-    from torch.distributed._functional_collectives import all_gather_single
 
-    longest = max(*kept, PLACEHOLDER_TOKENS)  # the same on every rank: none holds more, placeholders included
-    padded = F.pad(local, (0, 0, 0, longest - local.shape[0]))
-    shards = all_gather_single(padded, 0, group).view(len(kept), longest, -1)
-    return torch.cat([shard[:n] for shard, n in zip(shards, kept)])
+    @staticmethod
+    def forward(ctx, local, kept, group):
+        longest = max(*kept, PLACEHOLDER_TOKENS)  # the same on every rank: none holds more, placeholders included
+        padded = F.pad(local, (0, 0, 0, longest - local.shape[0])).contiguous()
+        shards = [torch.empty_like(padded) for _ in kept]
+        dist.all_gather(shards, padded, group=group)
+        rank = dist.get_rank(group)
+        ctx.group, ctx.rows, ctx.start, ctx.kept = group, local.shape[0], sum(kept[:rank]), kept[rank]
+        return torch.cat([shard[:n] for shard, n in zip(shards, kept)])
+
+    @staticmethod
+    def backward(ctx, grad):
+        summed = grad.contiguous().clone()
+        dist.all_reduce(summed, group=ctx.group)
+        own = summed[ctx.start : ctx.start + ctx.kept]
+        return F.pad(own, (0, 0, 0, ctx.rows - own.shape[0])), None, None
 
 
 class Qwen25VL(Implementation):
