@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+NO_DEPS = "requirements/no-deps.txt"  # part of the environment's key, as ./run reads it
 
 
 def _clone(tmp_path: Path, name: str, marker: str) -> Path:
@@ -50,6 +51,8 @@ def _script_copy(tmp_path: Path, pyproject: str) -> Path:
     root.mkdir()
     shutil.copy(REPO / "run", root / "run")
     shutil.copy(REPO / ".python-version", root / ".python-version")
+    (root / "requirements").mkdir()
+    shutil.copy(REPO / NO_DEPS, root / NO_DEPS)
     (root / "pyproject.toml").write_text(pyproject)
     return root
 
@@ -57,7 +60,8 @@ def _script_copy(tmp_path: Path, pyproject: str) -> Path:
 def _environment_key(root: Path) -> str:
     import hashlib
 
-    return hashlib.sha256((root / "pyproject.toml").read_bytes() + (root / ".python-version").read_bytes()).hexdigest()[:12]
+    keyed = b"".join((root / name).read_bytes() for name in ("pyproject.toml", ".python-version", NO_DEPS))
+    return hashlib.sha256(keyed).hexdigest()[:12]
 
 
 def test_vdpcp_torch_oldest_is_an_environment_of_its_own_with_the_declared_floor(tmp_path):
