@@ -83,3 +83,58 @@ def test_the_judged_parameter_gap_is_the_worst_ranks_nan_included(rank):
     ranks[rank]["param_diff_norm"] = 1.0  # finite, but far above float64's bound on one rank only
     judged = judge(_run(), DRAWS, ranks, 0.0)
     assert judged.param_diff == 1.0 and not judged.passed
+
+
+def test_the_bound_is_the_dtypes_and_final_parameters_are_judged_at_float64_only():
+    assert tolerance_for(_run()) == 1e-10
+    for dtype, eps in (("float32", 2.0**-23), ("bfloat16", 2.0**-7)):
+        assert tolerance_for(Run("reference", 2, 5, 2, dtype, "multi-image", "tiny", 0)) == 2 * 5 * 2 * eps
+    ranks = _ranks()
+    ranks[1]["param_diff_norm"] = 1e-3  # far above float64's bound, rounding at float32's (reported, not judged)
+    assert not judge(_run("float64"), DRAWS, ranks, 0.0).passed
+    judged = judge(_run("float32"), DRAWS, ranks, 0.0)
+    assert judged.passed and judged.param_diff == 1e-3 and not judged.params_judged
+
+
+def test_a_zero_reference_value_is_compared_absolutely():
+    ranks = _ranks()
+    for r in ranks:
+        for q in PER_STEP:
+            r["arms"]["off"][q][0] = 0.0
+            r["arms"]["on"][q][0] = 0.5e-10
+    assert judge(_run(), DRAWS, ranks, 0.0).passed
+    for r in ranks:
+        r["arms"]["on"]["loss"][0] = 2e-10
+    assert not judge(_run(), DRAWS, ranks, 0.0).passed
+
+
+def test_failures_beyond_the_first_four_are_counted_not_listed():
+    judged = judge(_run(), DRAWS, _ranks(scale=2.0), 0.0)  # every quantity of every step: 9 failures
+    assert len(judged.failures) == 4 and judged.failures[-1].endswith("; and 5 more")
+    assert judged.failures[0].startswith("step 1: loss 2 (on) vs 1 (off), relative difference 1.00e+00, above float64's")
+
+
+def test_the_figures_shown_are_the_busiest_ranks_memory_and_the_slowest_ranks_steps_after_the_first():
+    ranks = _ranks()
+    for rank, r in enumerate(ranks):
+        for arm in ARMS:
+            r["arms"][arm]["peak_bytes"] = 100 * (rank + 1) + (arm == "on")
+            r["arms"][arm]["step_s"] = [9.0, 1.0 + rank, 3.0 - rank]  # the first step (warm-up) left out
+    judged = judge(_run(), DRAWS, ranks, 7.5)
+    assert judged.peak_bytes == {"on": 201, "off": 200} and judged.step_s == {"on": 2.5, "off": 2.5}  # slowest: 2, then 3
+    assert judged.seconds == 7.5 and judged.devices == ["cpu"] and judged.backend == "gloo"
+    ranks[0]["arms"]["on"]["step_s"] = None  # off a GPU: not measured
+    ranks[1]["arms"]["on"]["peak_bytes"] = None
+    judged = judge(_run(), DRAWS, ranks, 0.0)
+    assert judged.step_s["on"] is None and judged.peak_bytes["on"] == 101
+    for r in ranks:
+        r["arms"]["off"]["peak_bytes"] = None
+        r["arms"]["off"]["step_s"] = [4.0]
+    judged = judge(_run(), DRAWS, ranks, 0.0)
+    assert judged.peak_bytes["off"] is None and judged.step_s["off"] == 4.0  # one step: it is all there is
+
+
+def test_the_largest_parameter_gap_over_ranks_is_reported():
+    ranks = _ranks()
+    ranks[1]["max_param_diff"] = 3e-13
+    assert judge(_run(), DRAWS, ranks, 0.0).max_param_diff == 3e-13
