@@ -99,3 +99,31 @@ def test_an_unsharded_error_is_an_xfail_only_with_the_signature():
     case = Case(SPEC, 2, "tests.unit.test_judge:EMPTY")
     assert expectations.judge(_result(case, [], [], unsharded=raised))[0] == "xfail"
     assert expectations.judge(_result(case, [], [], unsharded="ValueError: odd grid"))[0] == "unsharded-error"
+
+
+MISMATCH = Case(MicrobatchSpec(images=((16, 16),), name="m"), 2, config_cp=4)
+DOCUMENTED = (f"reference: {expectations.GROUP_MISMATCH_TEXT}: context_parallel_size=4 but the CP group has 2 ranks")
+
+
+def _raised(message, *ranks):
+    return "failed on 2 of 2 ranks: " + "; ".join(f"rank {r} raised GroupMismatchError: {message}" for r in ranks)
+
+
+def test_a_group_mismatch_is_judged_on_the_headline_whatever_the_tracebacks_below_say():
+    tracebacks = "\n----- rank 0: raised GroupMismatchError -----\nTraceback (most recent call last):\n  File ..."
+    assert expectations.judge(_result(MISMATCH, error=_raised(DOCUMENTED, 0, 1) + tracebacks))[0] == "pass"
+    below_only = _raised(DOCUMENTED, 0) + "; rank 1 exited with code 1\n" + _raised(DOCUMENTED, 1)
+    verdict, why = expectations.judge(_result(MISMATCH, error=below_only))
+    assert verdict == "fail" and why == "rank 1 did not raise the documented error"
+
+
+@pytest.mark.parametrize("missing", ["context_parallel_size=4", "2 ranks"])
+def test_a_group_mismatch_error_must_name_both_sizes_itself(missing):  # "of 2 ranks" in the harness's words is not it
+    message = DOCUMENTED.replace(missing, "?")
+    verdict, why = expectations.judge(_result(MISMATCH, error=_raised(message, 0, 1)))
+    assert verdict == "fail" and why == f"the error does not name {missing!r}"
+
+
+def test_the_why_of_a_known_limit_that_failed_otherwise_names_the_first_other_failure():
+    verdict, why = expectations.judge(_result(CASE, [OUTPUTS, PARAMS, "input grads: wrong"], []))
+    assert verdict == "fail" and why.endswith(f": rank 0: {OUTPUTS}")
