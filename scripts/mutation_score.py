@@ -4,6 +4,9 @@
     mutation_score.py shard SESSION W WORKERS      leave this session worker W's mutants only (1-based)
     mutation_score.py report [--target 90] [--seconds S] [--equivalent FILE] [--source-root DIR] SESSION...
 
+Sessions of several runs may be reported together (e.g. one module re-run after a fix, the rest from the full
+run): each is read against the copy of the checkout beside it.
+
 A killed mutant made the tests fail (a timeout counts); a survivor did not. A survivor listed in the equivalent
 file ("module|operator|source line", the line stripped, as docs/mutation.md argues it), or one whose operator
 stands in a type annotation under ``from __future__ import annotations`` (never evaluated), is equivalent and
@@ -50,18 +53,19 @@ def equivalents(path: Path | None) -> set[tuple[str, str, str]]:
     return found
 
 
-def report(sessions: list[str], target: float, seconds: float | None, equivalent: set, root: Path) -> int:
+def report(sessions: list[str], target: float, seconds: float | None, equivalent: set, root: Path | None) -> int:
     totals = dict(run=0, killed=0, equivalent=0, unexplained=0, pending=0)
     by_module: dict[str, dict] = {}
     unexplained = []
     for session in sessions:
-        rows = sqlite3.connect(session).execute(RUN).fetchall()
+        tree = root or Path(session).parent / "tree1"  # the copy the session mutated (scripts/mutation.sh)
+        rows = [(*row, tree) for row in sqlite3.connect(session).execute(RUN).fetchall()]
         for row in rows:
             counts = by_module.setdefault(row[0], dict(run=0, killed=0, equivalent=0, unexplained=0, pending=0))
             counts["run"] += 1
             if row[3].lower() == "killed":
                 counts["killed"] += 1
-            elif row[3].lower() == "survived" and (key(row, root) in equivalent or in_annotation(row, root)):
+            elif row[3].lower() == "survived" and (key(row, tree) in equivalent or in_annotation(row, tree)):
                 counts["equivalent"] += 1
             elif row[3].lower() == "survived":
                 counts["unexplained"] += 1
@@ -74,8 +78,8 @@ def report(sessions: list[str], target: float, seconds: float | None, equivalent
         for name in ("run", "killed", "equivalent", "unexplained"):
             totals[name] += counts[name]
     score = totals["killed"] / max(totals["run"] - totals["equivalent"], 1)
-    for module, operator, row, _, diff, _ in unexplained:
-        print(f"\nSURVIVED {module}:{row} {operator}  [{key((module, operator, row), root)[2]}]\n{diff or ''}".rstrip())
+    for module, operator, row, _, diff, _, tree in unexplained:
+        print(f"\nSURVIVED {module}:{row} {operator}  [{key((module, operator, row), tree)[2]}]\n{diff or ''}".rstrip())
     when = f" in {seconds / 60:.1f} min" if seconds is not None else ""
     print(f"\nmutation score: {totals['killed']} killed of {totals['run'] - totals['equivalent']} non-equivalent mutants "
           f"= {score:.1%} (target {target:g}%); {totals['equivalent']} argued equivalent, {totals['unexplained']} "
@@ -88,7 +92,7 @@ def in_annotation(row, root: Path) -> bool:
     annotations are then strings nothing evaluates (vdpcp calls no get_type_hints), so the mutant is equivalent."""
     import ast
 
-    module, _, line, _, _, col = row
+    module, _, line, _, _, col = row[:6]
     source = (root / module).read_text()
     tree = ast.parse(source)
     if not any(isinstance(n, ast.ImportFrom) and n.module == "__future__" and any(a.name == "annotations" for a in n.names)
@@ -119,7 +123,8 @@ def main(argv: list[str]) -> int:
     rep.add_argument("--target", type=float, default=90.0)
     rep.add_argument("--seconds", type=float, default=None)
     rep.add_argument("--equivalent", type=Path, default=None)
-    rep.add_argument("--source-root", type=Path, default=Path.cwd(), help="the tree the sessions mutated")
+    rep.add_argument("--source-root", type=Path, default=None,
+                     help="the tree the sessions mutated (default: tree1 beside each session, as mutation.sh lays it)")
     args = parser.parse_args(argv)
     if args.command == "pending":
         print(pending(args.session))

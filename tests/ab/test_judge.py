@@ -138,3 +138,30 @@ def test_the_largest_parameter_gap_over_ranks_is_reported():
     ranks = _ranks()
     ranks[1]["max_param_diff"] = 3e-13
     assert judge(_run(), DRAWS, ranks, 0.0).max_param_diff == 3e-13
+
+
+def test_a_difference_exactly_at_the_bound_passes():
+    run = _run("float32")  # 2 x 3 steps x 1 x 2**-23: a dyadic bound, so 1 + bound is exact
+    bound = tolerance_for(run)
+    assert judge(run, DRAWS, _ranks(scale=1 + bound), 0.0).passed
+    ranks = _ranks()
+    for r in ranks:
+        r["param_diff_norm"], r["param_update_norm"] = 1e-10, 1.0  # exactly float64's bound
+    assert judge(_run(), DRAWS, ranks, 0.0).passed
+
+
+def test_the_parameter_gap_is_relative_to_how_far_training_moved_them():
+    ranks = _ranks()
+    for r in ranks:
+        r["param_diff_norm"], r["param_update_norm"] = 1e-12, 1e-3  # 1e-9 of the update: above float64's 1e-10
+    judged = judge(_run(), DRAWS, ranks, 0.0)
+    assert judged.param_diff == pytest.approx(1e-9) and not judged.passed
+    for r in ranks:
+        r["param_diff_norm"], r["param_update_norm"] = 5e-11, 0.0  # training did not move them: the gap itself
+    judged = judge(_run(), DRAWS, ranks, 0.0)
+    assert judged.param_diff == 5e-11 and judged.passed
+
+
+def test_a_one_rank_ab_is_judged_from_its_only_rank():
+    judged = judge(_run(), DRAWS, _ranks(cp=1), 0.0)
+    assert judged.passed and judged.backend == "gloo" and [s.values["loss"]["on"] for s in judged.steps] == [1, 2, 3]
