@@ -8,7 +8,7 @@ Sessions of several runs may be reported together (e.g. one module re-run after 
 run): each is read against the copy of the checkout beside it.
 
 A killed mutant made the tests fail (a timeout counts); a survivor did not. A survivor listed in the equivalent
-file ("module|operator|source line", the line stripped, as docs/mutation.md argues it), or one whose operator
+file ("module|operator|mutated line", the line as the mutant writes it, stripped, as docs/mutation.md argues it), or one whose operator
 stands in a type annotation under ``from __future__ import annotations`` (never evaluated), is equivalent and
 leaves the score; the score is killed / (run - equivalent). Exit 1 below the target, or with mutants left unrun.
 """
@@ -79,7 +79,8 @@ def report(sessions: list[str], target: float, seconds: float | None, equivalent
             totals[name] += counts[name]
     score = totals["killed"] / max(totals["run"] - totals["equivalent"], 1)
     for module, operator, row, _, diff, _, tree in unexplained:
-        print(f"\nSURVIVED {module}:{row} {operator}  [{key((module, operator, row), tree)[2]}]\n{diff or ''}".rstrip())
+        print(f"\nSURVIVED {module}:{row} {operator}\n  equivalent-file key: {'|'.join(key((module, operator, row, None, diff), tree))}"
+              f"\n{diff or ''}".rstrip())
     when = f" in {seconds / 60:.1f} min" if seconds is not None else ""
     print(f"\nmutation score: {totals['killed']} killed of {totals['run'] - totals['equivalent']} non-equivalent mutants "
           f"= {score:.1%} (target {target:g}%); {totals['equivalent']} argued equivalent, {totals['unexplained']} "
@@ -105,9 +106,11 @@ def in_annotation(row, root: Path) -> bool:
 
 
 def key(row, root: Path) -> tuple[str, str, str]:
-    module, operator, line = row[0], row[1], row[2]
-    lines = (root / module).read_text().splitlines() if (root / module).exists() else []
-    return module, operator, lines[line - 1].strip() if 0 < line <= len(lines) else ""
+    """(module, operator, the mutated line as the mutant writes it, stripped): what the equivalent file lists.
+    The mutated line, not the original, tells apart two mutants of one operator on one line (ranks[1], ranks[-1])."""
+    module, operator, diff = row[0], row[1], row[4] or ""
+    added = [line[1:].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    return module, operator, added[0] if added else ""
 
 
 def main(argv: list[str]) -> int:

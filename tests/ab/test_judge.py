@@ -165,3 +165,13 @@ def test_the_parameter_gap_is_relative_to_how_far_training_moved_them():
 def test_a_one_rank_ab_is_judged_from_its_only_rank():
     judged = judge(_run(), DRAWS, _ranks(cp=1), 0.0)
     assert judged.passed and judged.backend == "gloo" and [s.values["loss"]["on"] for s in judged.steps] == [1, 2, 3]
+
+
+def test_exactly_four_failures_are_all_listed_and_nothing_is_counted():
+    ranks = _ranks()
+    for r in ranks:
+        for step in (0, 1):
+            for q in ("loss", "lm_grad_norm"):
+                r["arms"]["on"][q][step] *= 2
+    judged = judge(_run(), DRAWS, ranks, 0.0)
+    assert len(judged.failures) == 4 and not any("more" in f for f in judged.failures), judged.failures

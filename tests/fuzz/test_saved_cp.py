@@ -83,3 +83,11 @@ def test_capture_refuses_a_path_tagged_with_another_size_before_the_block_runs(t
         with capture_on_failure(tmp_path / "step7-cp4.json", [[32, 32]], cp=4, patch_dim=16):
             raise RuntimeError("the training step failed")
     assert saved.load(tmp_path / "step7-cp4.json").case == {"cp": 4}
+
+
+def test_a_saved_signature_is_read_back_and_a_missing_one_is_none(tmp_path):
+    case = Case(MicrobatchSpec(images=((8, 8),), name="found-cp4"), 4, even_pad=False)
+    with_signature = saved.save(tmp_path / "a-cp4.json", case, "error: raised ValueError: pixel shuffle")
+    assert saved.load(with_signature).signature == "error: raised ValueError: pixel shuffle"
+    without = saved.save(tmp_path / "b-cp4.json", case)
+    assert "expect" not in json.loads(without.read_text()) and saved.load(without).signature is None
