@@ -75,9 +75,14 @@ def capture_on_failure(path: str | Path, imgs_sizes, **fields):
     """Run the block; if it raises, save the microbatch's spec to ``path`` and re-raise.
 
     ``fields`` are ``capture``'s keywords. The spec is built before the block runs, so a bad capture call
-    fails at once instead of masking the training error later.
+    (a ``path`` whose ``-cp<N>`` tag is not ``cp``, a file replay would reject, among them) fails at once
+    instead of masking the training error later.
     """
     spec = capture(imgs_sizes, **fields)
+    tagged = cp_from_name(Path(path).stem)
+    if tagged is not None and tagged != fields["cp"]:
+        raise SpecError(f"capture: {path}: the file name (tag -cp{tagged}) and cp={fields['cp']} disagree; "
+                        f"expected one CP size")
     try:
         yield spec
     except BaseException:

@@ -438,6 +438,40 @@ def _tp_peer_skips_placeholder_tower():
 
 
 @mutant(
+    "tp-backward-not-reduced",
+    "the tensor-parallel MLP's backward hands each TP rank its own partial input gradient, never all-reduced over "
+    "the TP group (a forgotten copy-to-TP region): outputs are right, input and upstream gradients are not",
+    kills=("three-images-cp2-tp2-reference-count",),
+)
+def _tp_backward_not_reduced():
+    from vdpcp import tensor_parallel
+
+    class NotReduced(tensor_parallel._CopyToTP):
+        @staticmethod
+        def backward(ctx, grad):
+            return grad, None, None
+
+    return {"vdpcp.tensor_parallel:_CopyToTP": NotReduced}
+
+
+@mutant(
+    "tp-forward-not-reduced",
+    "the tensor-parallel MLP's row-parallel layer returns this TP rank's partial output without the all-reduce "
+    "(a forgotten reduce-from-TP region): every TP rank's features are wrong, and wrong differently",
+    kills=("three-images-cp2-tp2-reference-count",),
+)
+def _tp_forward_not_reduced():
+    from vdpcp import tensor_parallel
+
+    class NotReduced(tensor_parallel._ReduceFromTP):
+        @staticmethod
+        def forward(ctx, x, group, what):
+            return x.view_as(x)
+
+    return {"vdpcp.tensor_parallel:_ReduceFromTP": NotReduced}
+
+
+@mutant(
     "backward-reduces-to-rank-0",
     "the gather's backward reduces the gradient to rank 0 instead of all-reducing it, so every other rank's "
     "images miss the gradient their features got on other ranks",

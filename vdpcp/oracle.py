@@ -32,6 +32,7 @@ from vdpcp import comm
 from vdpcp.case import Case, RankResult
 from vdpcp.layout import zigzag_positions
 from vdpcp.protocol import OutputsError, outputs_of
+from vdpcp.tensor_parallel import held_part
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 # Gradients in these dtypes compare as vectors, within assert_close's default rtol for the dtype (_compare_norm).
@@ -84,8 +85,10 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
         weighted(ref_out, {name: sum(w) for name, w in weights.items()}).backward()
     rounding = _rounding(impl, case, reference, ref_batch, weights) if case.grads and dtype in VECTOR_RTOL else Rounding()
 
-    model = impl.build_model(case, dtype, device)
-    model.load_state_dict(reference.state_dict())  # the same model, whatever build_model's seeding
+    # The reference's weights; split inside where the tower is tensor parallel (the reference stays plain), so
+    # the reference's gradients are held to each parameter's own part of them (tensor_parallel.held_part).
+    model = impl.subject_model(reference, case, dtype, device)
+    held = _held_by(model, groups.tp_rank, case.tp)
     ran = Execution(model)
     batch = spec.tensors(dtype=dtype, device=device)
     batch.patches.requires_grad_(True)
@@ -120,11 +123,11 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
         _check_ownership(result, batch, grad, ref_grad, plan, read, case.cp, cp_group, rounding.input)
         _check_execution(result, reference_ran, ran, reference, model)
     summed_params = comm.all_reduce_sum(_flat_grads(model), cp_group)
-    result.param_grad_err = _compare(result, "param grads (summed over ranks)", summed_params, _flat_grads(reference),
-                                     slack=rounding.params)
+    result.param_grad_err = _compare(result, "param grads (summed over ranks)", summed_params,
+                                     held(_grads(reference)), slack=rounding.params)
     if expected_rank_params is not None and replicated_run == (not sharded):
         result.param_grad_err = max(result.param_grad_err, _compare(
-            result, "param grads (this rank alone)", _flat_grads(model), expected_rank_params, slack=rounding.params))
+            result, "param grads (this rank alone)", _flat_grads(model), held(expected_rank_params), slack=rounding.params))
     return result
 
 
@@ -425,12 +428,24 @@ def _grad(t: torch.Tensor) -> torch.Tensor:
     return t.grad if t.grad is not None else torch.zeros_like(t)
 
 
+def _grads(model) -> list[torch.Tensor]:
+    return [_grad(p) for p in model.parameters()]
+
+
 def _flat_grads(model) -> torch.Tensor:
-    return torch.cat([_grad(p).reshape(-1) for p in model.parameters()])
+    return torch.cat([g.reshape(-1) for g in _grads(model)])
 
 
-def _param_grads(model, loss: torch.Tensor) -> torch.Tensor:
-    """d loss / d params, flattened like _flat_grads, leaving the graph for the full backward."""
+def _held_by(model, tp_rank: int, tp: int):
+    """The reference's gradients (one per parameter, in order) -> flattened like _flat_grads(model): each parameter
+    of a tensor-parallel model holds its own part of the plain reference's."""
+    def held(grads: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat([held_part(g, p, tp_rank, tp).reshape(-1) for p, g in zip(model.parameters(), grads)])
+    return held
+
+
+def _param_grads(model, loss: torch.Tensor) -> list[torch.Tensor]:
+    """d loss / d params, one per parameter like _grads, leaving the graph for the full backward."""
     params = list(model.parameters())
     grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
-    return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for p, g in zip(params, grads)])
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]

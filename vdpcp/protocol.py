@@ -27,6 +27,13 @@ row for row and in its gradients, by name (``outputs_of``).
 
 Optional parts:
 
+- ``subject_model(reference, case, dtype, device)``: the model the sharded encode runs, with the weights of
+  ``reference`` (the unsharded model ``build_model`` returned). The default is a second ``build_model`` loaded
+  with the reference's state. A tower that is parallel inside (``tensor_parallel``) is split here, from the
+  plain reference, so the reference stays the plain tower and a tensor-parallel bug cannot cancel on both
+  sides; a parameter that holds a part of the plain one marks it as MCore does (``tensor_model_parallel``,
+  ``partition_dim``: the TP rank's chunk along that dimension), and its gradient is held to that part of the
+  reference's (``vdpcp.tensor_parallel.held_part``);
 - ``plan(spec, config)``: which rank encodes which row (an ``Ownership``), for the per-rank checks and the
   plan-mismatch verdict; without one, ownership is inferred and the own-parameter check is left out;
 - ``replicated(spec, config)``: a fallback policy, the reason this microbatch is encoded whole on every CP
@@ -167,6 +174,11 @@ class Implementation:
                             pad_odd_grids=case.even_pad, seed=case.spec.seed, **TOWERS[case.tower])
         return VisionModel(tower).to(device=device, dtype=dtype)
 
+    def subject_model(self, reference, case, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+        model = self.build_model(case, dtype, device)
+        model.load_state_dict(reference.state_dict())  # the same model, whatever build_model's seeding
+        return model
+
     def inputs(self, batch) -> Any:
         return batch
 
@@ -210,8 +222,8 @@ class Adapted(Implementation):
 
 
 REQUIRED = ("name", "encode", "encode_sharded")
-PROTOCOL = REQUIRED + ("build_model", "inputs", "plan", "replicated", "known_limit", "splits", "media", "scenarios",
-                       "preload", "tensor_parallel", "patch_bytes")
+PROTOCOL = REQUIRED + ("build_model", "subject_model", "inputs", "plan", "replicated", "known_limit", "splits", "media",
+                       "scenarios", "preload", "tensor_parallel", "patch_bytes")
 
 
 class OutputsError(TypeError):

@@ -7,7 +7,9 @@
 ``case`` holds the Case fields that differ from their defaults (cp, dp, tp, impl, split, loss, dtype,
 even_pad, mutant, tower, vision_dp_over_cp, config_cp, grads); ``expect.signature`` is how it failed when saved
 (vdpcp.fuzz.signature). Both are optional: a plain microbatch spec is a saved case with neither, whose CP
-size comes from the command line or the name's ``-cp<N>`` tag (as vdpcp.capture writes it).
+size comes from the command line or a ``-cp<N>`` tag (as vdpcp.capture and vdpcp.fuzz write it) on the file's
+name or its spec's ``name``. Where a file says its CP size more than once (``case.cp``, the tags), the sizes
+must agree: a file that disagrees with itself is rejected, naming the file and both sizes.
 """
 
 from __future__ import annotations
@@ -54,19 +56,36 @@ def load(path: str | Path) -> Saved:
         expected = CASE_TYPES[key]
         if value is not None and (not isinstance(value, expected) or (expected is int and isinstance(value, bool))):
             raise SpecError(f"{path}: field 'case.{key}' = {value!r}: expected {expected.__name__}")
-    if "cp" not in case:
-        from vdpcp.capture import cp_from_name
-
-        cp = cp_from_name(spec.name)
-        case = case if cp is None else {**case, "cp": cp}
+    cp = _one_cp(path, case.get("cp"), _tags(path, spec))
+    case = case if cp is None else {**case, "cp": cp}
     signature = expect.get("signature")
     if signature is not None and not isinstance(signature, str):
         raise SpecError(f"{path}: field 'expect.signature' must be a string, got {signature!r}")
     return Saved(spec, case, signature)
 
 
+def _tags(path: Path, spec: MicrobatchSpec) -> dict[str, int]:
+    """The CP sizes a file's name and its spec's name carry as ``-cp<N>`` tags, each said as where it is."""
+    from vdpcp.capture import cp_from_name
+
+    found = {"the file name": cp_from_name(path.stem), "field 'name'": cp_from_name(spec.name)}
+    return {f"{where} (tag -cp{cp})": cp for where, cp in found.items() if cp is not None}
+
+
+def _one_cp(path: Path, case_cp: int | None, tags: dict[str, int]) -> int | None:
+    """The one CP size ``case.cp`` and the tags agree on (None: no size at all); SpecError where they differ."""
+    said = ({f"field 'case.cp' = {case_cp}": case_cp} if case_cp is not None else {}) | tags
+    for where, cp in said.items():
+        for other, other_cp in said.items():
+            if other_cp != cp:
+                raise SpecError(f"{path}: {where} and {other} disagree; expected one CP size")
+    return next(iter(said.values()), None)
+
+
 def save(path: str | Path, case: Case, signature: str | None = None) -> Path:
-    """Write ``case`` (its non-default fields) and the signature it failed with, readable by hand."""
+    """Write ``case`` (its non-default fields) and the signature it failed with, readable by hand. A file name
+    or spec name whose ``-cp<N>`` tag is not the case's CP raises SpecError: load would reject the file."""
+    _one_cp(Path(path), case.cp, _tags(Path(path), case.spec))
     data = case.spec.to_dict()
     data["case"] = {"cp": case.cp, **{k: getattr(case, k) for k, v in _DEFAULTS.items() if getattr(case, k) != v}}
     if signature is not None:

@@ -6,6 +6,12 @@ all-reduces the input gradient. The weights are slices of the full tower's, so t
 function. What it adds to the suite is collectives INSIDE the tower: a rank that skips its tower (e.g. one that
 holds only placeholders) leaves its TP peers waiting, and each TP all-reduce waits at most TP_WAIT_S before it
 raises naming the peer that never entered it, well within the harness's case timeout, instead of hanging.
+
+The TP tower is only ever the model under test: the unsharded reference of a CP x TP case is the plain tower
+with the same weights (``Reference.subject_model``), so a TP bug cannot cancel on both sides. The parallel MLP
+keeps the plain one's module and parameter names (``mlp.0``, ``mlp.2``), and each sharded parameter says which
+part of the plain one it holds as MCore marks it (``tensor_model_parallel``, ``partition_dim``): ``held_part``
+is that part, of a weight when the tower is split and of a gradient when the oracle compares.
 """
 
 from __future__ import annotations
@@ -63,28 +69,61 @@ class _ReduceFromTP(torch.autograd.Function):
         return grad, None, None
 
 
-class ParallelMLP(nn.Module):
-    """A Linear-GELU-Linear MLP with its hidden features split over ``group``."""
+def held_part(full: torch.Tensor, param: torch.Tensor, tp_rank: int, tp: int) -> torch.Tensor:
+    """The part of a plain tower's tensor (a weight, or its gradient) that ``param`` holds on TP rank ``tp_rank``
+    of ``tp``: its chunk along ``partition_dim`` where it is tensor parallel (MCore's marking), else all of it."""
+    if not getattr(param, "tensor_model_parallel", False):
+        return full
+    if full.shape[param.partition_dim] != tp * param.shape[param.partition_dim]:
+        raise ValueError(f"a TP parameter of shape {tuple(param.shape)} split along dim {param.partition_dim} is not "
+                         f"1/{tp} of the plain tensor's {tuple(full.shape)}")
+    return full.chunk(tp, dim=param.partition_dim)[tp_rank]
 
-    def __init__(self, mlp: nn.Sequential, group, name: str):
-        super().__init__()
+
+def _mark(param: nn.Parameter, dim: int) -> None:
+    param.tensor_model_parallel, param.partition_dim = True, dim
+
+
+class ColumnParallelLinear(nn.Linear):
+    """This TP rank's output features of a Linear; its input enters through _CopyToTP."""
+
+    def __init__(self, full: nn.Linear, group, what: str):
         size, rank = dist.get_world_size(group), dist.get_rank(group)
-        first, second = mlp[0], mlp[2]
-        part = first.out_features // size
-        rows = slice(rank * part, (rank + 1) * part)
-        self.up = nn.Linear(first.in_features, part)
-        self.down = nn.Linear(part, second.out_features)
+        super().__init__(full.in_features, full.out_features // size, dtype=full.weight.dtype, device=full.weight.device)
+        _mark(self.weight, 0)
+        _mark(self.bias, 0)
         with torch.no_grad():
-            self.up.weight.copy_(first.weight[rows])
-            self.up.bias.copy_(first.bias[rows])
-            self.down.weight.copy_(second.weight[:, rows])
-            self.down.bias.copy_(second.bias)
-        self.group, self.name = group, name
+            self.weight.copy_(held_part(full.weight, self.weight, rank, size))
+            self.bias.copy_(held_part(full.bias, self.bias, rank, size))
+        self.group, self.what = group, what
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = _CopyToTP.apply(x, self.group, f"{self.name} all-reduce")
-        partial = F.linear(F.gelu(self.up(x)), self.down.weight)
-        return _ReduceFromTP.apply(partial, self.group, f"{self.name} all-reduce") + self.down.bias
+        return F.linear(_CopyToTP.apply(x, self.group, self.what), self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Linear):
+    """This TP rank's input features of a Linear: partial outputs summed over the group, then the (whole) bias."""
+
+    def __init__(self, full: nn.Linear, group, what: str):
+        size, rank = dist.get_world_size(group), dist.get_rank(group)
+        super().__init__(full.in_features // size, full.out_features, dtype=full.weight.dtype, device=full.weight.device)
+        _mark(self.weight, 1)
+        with torch.no_grad():
+            self.weight.copy_(held_part(full.weight, self.weight, rank, size))
+            self.bias.copy_(full.bias)
+        self.group, self.what = group, what
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _ReduceFromTP.apply(F.linear(x, self.weight), self.group, self.what) + self.bias
+
+
+class ParallelMLP(nn.Sequential):
+    """A Linear-GELU-Linear MLP with its hidden features split over ``group``, under the plain MLP's names."""
+
+    def __init__(self, mlp: nn.Sequential, group, name: str):
+        what = f"{name} all-reduce"
+        super().__init__(ColumnParallelLinear(mlp[0], group, what), mlp[1], RowParallelLinear(mlp[2], group, what))
+        self.group, self.name = group, name
 
 
 def parallelize(model, group):

@@ -22,10 +22,15 @@ reduction, against one sum). Every difference is rounding, so the bound is the d
   above turns float32's rounding into a 2e-4 relative gap (grad-averaged makes 1e-3), and in bf16 an element
   whose gradient is rounding noise takes a whole AdamW step of either sign, so its gap (2.9e-2 at most) is
   no smaller than a bug's.
+
+At every dtype, a NaN or an infinity in either arm fails the A/B on its own (a relative difference of NaN must
+never read as "within tolerance"), and so does one in any rank's final-parameter figures, judged or not: an
+arm that blew up is a result, not rounding.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -37,6 +42,7 @@ from vdpcp.oracle import DTYPES
 
 FLOAT64_TOLERANCE = 1e-10
 PER_STEP = ("loss", "vision_grad_norm", "lm_grad_norm")
+FINAL = ("max_param_diff", "param_diff_norm", "param_update_norm")  # each rank's, over the final parameters
 SHOWN = 4  # failures listed in full; the rest are counted
 
 
@@ -77,20 +83,32 @@ def judge(run: Run, draws: list[list[Draw]], ranks: list[dict], seconds: float) 
     tolerance = tolerance_for(run)
     judged = Judged(
         run, tolerance, run.dtype == "float64", steps,
-        max_param_diff=max(r["max_param_diff"] for r in ranks),
-        param_diff=max(r["param_diff_norm"] / r["param_update_norm"] if r["param_update_norm"] else r["param_diff_norm"]
-                       for r in ranks),
+        max_param_diff=_worst(r["max_param_diff"] for r in ranks),
+        param_diff=_worst(r["param_diff_norm"] / r["param_update_norm"] if r["param_update_norm"] else r["param_diff_norm"]
+                          for r in ranks),
         peak_bytes={arm: _busiest(r["arms"][arm]["peak_bytes"] for r in ranks) for arm in ARMS},
         step_s={arm: _step_time([r["arms"][arm]["step_s"] for r in ranks]) for arm in ARMS},
         devices=sorted({r["device"] for r in ranks}), backend=ranks[0]["backend"], seconds=seconds,
     )
-    wrong = [f"step {s.index}: {q.replace('_', ' ')} {s.values[q]['on']:.10g} (on) vs {s.values[q]['off']:.10g} (off), "
-             f"relative difference {s.rel(q):.2e}" for s in steps for q in PER_STEP if not s.rel(q) <= tolerance]
-    if judged.params_judged and not judged.param_diff <= tolerance:
-        wrong.append(f"final parameters: ||on - off|| is {judged.param_diff:.2e} of how far training moved them")
+    above = f", above {run.dtype}'s {tolerance:.2g}"
+    wrong = []
+    for s in steps:
+        for q in PER_STEP:
+            on, off = s.values[q]["on"], s.values[q]["off"]
+            said = f"step {s.index}: {q.replace('_', ' ')} {on:.10g} (on) vs {off:.10g} (off)"
+            if not (math.isfinite(on) and math.isfinite(off)):
+                wrong.append(f"{said}: not finite")
+            elif not s.rel(q) <= tolerance:
+                wrong.append(f"{said}, relative difference {s.rel(q):.2e}{above}")
+    for rank, r in enumerate(ranks):
+        blown = [key for key in FINAL if not math.isfinite(r[key])]
+        if blown:
+            wrong.append(f"final parameters: rank {rank}'s {', '.join(f'{k} {r[k]}' for k in blown)}: not finite")
+    if judged.params_judged and math.isfinite(judged.param_diff) and not judged.param_diff <= tolerance:
+        wrong.append(f"final parameters: ||on - off|| is {judged.param_diff:.2e} of how far training moved them{above}")
     if wrong:
         more = f"; and {len(wrong) - SHOWN} more" if len(wrong) > SHOWN else ""
-        judged.failures = [f"{w}, above {run.dtype}'s {tolerance:.2g}" for w in wrong[:SHOWN]]
+        judged.failures = wrong[:SHOWN]
         judged.failures[-1] += more
     return judged
 
@@ -100,6 +118,12 @@ def tolerance_for(run: Run) -> float:
     if run.dtype == "float64":
         return FLOAT64_TOLERANCE
     return 2 * run.steps * run.accumulate * torch.finfo(DTYPES[run.dtype]).eps
+
+
+def _worst(values) -> float:
+    """The largest value, NaN where any is NaN (Python's max keeps or drops a NaN by where it stands)."""
+    values = list(values)
+    return math.nan if any(math.isnan(v) for v in values) else max(values)
 
 
 def _busiest(values) -> int | None:

@@ -74,11 +74,15 @@ def resolve(target: str) -> Implementation:
 
 
 def _as_implementation(target: str, subject) -> Implementation:
-    if isinstance(subject, type) and issubclass(subject, Implementation):
-        subject = subject()  # a class with no arguments is as good as its instance
+    missing = [attr for attr in REQUIRED if not hasattr(subject, attr)]
+    if isinstance(subject, type) and (issubclass(subject, Implementation) or not missing):
+        try:  # a class with no arguments is as good as its instance, duck-typed or not (its methods need a self)
+            subject = subject()
+        except TypeError as err:
+            raise ImplError(f"--impl {target}: class {subject.__name__} cannot be built with no arguments ({err}); "
+                            f"expected an implementation or a class that needs none") from None
     if isinstance(subject, Implementation):
         return subject
-    missing = [attr for attr in REQUIRED if not hasattr(subject, attr)]
     if missing:
         raise ImplError(f"--impl {target}: {type(subject).__name__} object is not an implementation of vision DP over "
                         f"CP (missing {', '.join(missing)}; expected a vdpcp.impls.Implementation)")

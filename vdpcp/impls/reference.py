@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from vdpcp import sharded
 from vdpcp.plan import STRATEGIES
 from vdpcp.protocol import Implementation, Ownership
@@ -14,14 +12,15 @@ class Reference(Implementation):
     splits = STRATEGIES
     tensor_parallel = (2,)  # TP sizes of its tower (vdpcp.tensor_parallel): the matrix runs CP x TP layouts
 
-    def build_model(self, case, dtype, device):
-        model = super().build_model(case, dtype, device)
+    def subject_model(self, reference, case, dtype, device):
+        """At TP > 1 the plain reference's copy with its MLPs split over the case's TP group: the reference stays
+        the plain tower (build_model is the default), so the TP tower is held to it, not to itself."""
+        model = super().subject_model(reference, case, dtype, device)
         if case.tp == 1:
             return model
         from vdpcp import layout, tensor_parallel
 
-        tp_group = layout.groups(layout.Layout(case.cp, case.dp, case.tp)).tp
-        return tensor_parallel.parallelize(model.to(torch.float64), tp_group).to(device=device, dtype=dtype)
+        return tensor_parallel.parallelize(model, layout.groups(layout.Layout(case.cp, case.dp, case.tp)).tp)
 
     def encode(self, model, batch):
         return sharded.encode_unsharded(model, batch)

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Issue 20 on the one-GPU kind (nvidia-h200: Python 3.12.3, torch 2.11.0+cu130, transformers 5.17): the GPU record,
+# in two device calls of under 10 minutes each, from the repository root with `.whl` carried (megatron-core 0.19.2,
+# transformers 5.23.0, parameterized, nemo-automodel 0.7.0: see reports/h200/README.md).
+#   PHASE=1: what a faulted case costs (reports/h200/faulted-cost.sh), the GPU job as gpu.yml runs it (NCCL, one
+#            rank per GPU, -m distributed), and `vdpcp check --backend nccl --cp 1` for every shipped subject;
+#   PHASE=2: the gloo-on-CUDA matrix (every rank's tensors on the one GPU) in bf16 at CP 2 and 4 for every shipped
+#            subject, each with its wall time and the cost of its faulted cases (from the per-case lines).
+# Writes under $OUT; prints a summary line per step.
+set -u
+PHASE=${PHASE:-1}
+if [ ! -d /tmp/site ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD COLUMNS=240 PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # the machine's rule
+IMPLS="reference mcore qwen2_5_vl automodel automodel-shipped"
+step() { echo "== $1 ($(date +%T))"; }
+python3 -c "import torch, megatron.core, transformers, nemo_automodel; print(torch.__version__, transformers.__version__, torch.cuda.get_device_name())"
+
+if [ "$PHASE" = 1 ]; then
+    step "faulted-cost.sh"
+    bash reports/h200/faulted-cost.sh | tail -40
+
+    step "the GPU job: pytest -n 0 --backend nccl -m distributed"
+    start=$(date +%s)
+    timeout 170 python3 -m pytest -p vdpcp.pytest_plugin -n 0 --backend nccl -m distributed -q -rs \
+        --junitxml="$OUT/gpu-job.xml" >"$OUT/gpu-job.txt" 2>&1
+    echo "rc=$? wall=$(( $(date +%s) - start )) s"; tail -3 "$OUT/gpu-job.txt"
+    grep -c "needs 2 GPUs\|needs 4 GPUs\|needs 8 GPUs" "$OUT/gpu-job.txt"
+
+    step "vdpcp check --backend nccl --cp 1, every shipped subject"
+    start=$(date +%s)
+    timeout 150 python3 -m vdpcp check --backend nccl --cp 1 --impl $IMPLS \
+        --json "$OUT/check-nccl-cp1.json" >"$OUT/check-nccl-cp1.txt" 2>&1
+    echo "rc=$? wall=$(( $(date +%s) - start )) s"; tail -1 "$OUT/check-nccl-cp1.txt"
+else
+    for impl in $IMPLS; do
+        step "VDPCP_DEVICE=cuda vdpcp check --backend gloo --cp 2 4 --dtype bfloat16 --impl $impl"
+        start=$(date +%s)
+        VDPCP_DEVICE=cuda timeout 110 python3 -m vdpcp check --backend gloo --cp 2 4 --dtype bfloat16 --impl "$impl" \
+            >"$OUT/bf16-$impl.txt" 2>&1
+        echo "rc=$? wall=$(( $(date +%s) - start )) s"; tail -1 "$OUT/bf16-$impl.txt"
+    done
+fi
+step done

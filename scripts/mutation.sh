@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Mutation testing of vdpcp's CHECKERS with cosmic-ray: the oracle, the judge of expectations, the A/B judge,
+# saved cases, implementation resolution, the parallel layout and the TP reference, each against the tests that
+# reach it. Prints each module's score, the survivors (with their diffs) and the time; exits 1 when the score
+# over non-equivalent mutants is below the target.
+#
+#   scripts/mutation.sh                    # every module below, 2 workers (about an hour here: see the notes)
+#   scripts/mutation.sh oracle layout      # some of them
+#   MUTATION_WORKERS=1 MUTATION_DIR=/tmp/m scripts/mutation.sh
+#
+# Why cosmic-ray, not mutmut: the oracle runs inside rank processes forked from a warm zygote. mutmut 3 switches
+# mutants in-process (trampolines, an environment variable read where the zygote was started) and records which
+# tests reach a function in the pytest process, so it sees the oracle as reached by no test and its mutants never
+# run where the ranks are. cosmic-ray writes each mutant to the source file and runs the test command as a fresh
+# subprocess, so the zygote and every rank import the mutant. It mutates files in place, so this script runs it
+# in copies of the checkout under MUTATION_DIR (one per worker), never in the checkout itself.
+#
+# Operators: cosmic-ray's core set, less those that only multiply runs: binary operators are replaced by their
+# inverse only (+ -, * /, // /, % //, ** *, | &), comparisons by their boundary and negation (< <=, < >=, == !=,
+# is is-not, in not-in), unary operators removed or negated, and VariableReplacer/Inserter (random values) left
+# out. 548 mutants. Lines marked "# pragma: no mutate" are skipped (none are, today).
+#
+# Surviving mutants are argued equivalent, or killed by a test, in docs/mutation.md; the ones argued equivalent
+# are listed in scripts/mutation-equivalent.txt as "module|operator|source line" (the line as written, stripped),
+# so that the figure survives the code moving and a re-run after a merge names only the new survivors.
+#
+# Not part of the default CI run (it is a measurement, about an hour on this project's 2-core machine).
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+workers=${MUTATION_WORKERS:-2}
+[ "$workers" -ge 1 ] && [ "$workers" -le 2 ] || { echo "mutation.sh: MUTATION_WORKERS must be 1 or 2" >&2; exit 2; }
+work=${MUTATION_DIR:-/tmp/vdpcp-mutation-$(git -C "$here" rev-parse --short HEAD)}
+target=${MUTATION_TARGET:-90}
+cosmic_ray_version=8.7.0
+
+# module -> the tests that reach it, cheapest and surest first (pytest -x stops at the first failure).
+declare -A module tests
+module[oracle]=vdpcp/oracle.py
+tests[oracle]="tests/distributed/test_matrix.py::test_case[three-images-cp4-reference-count]
+  tests/distributed/test_matrix.py::test_case[one-image-cp1-reference-count]
+  tests/distributed/test_matrix.py::test_case[three-images-cp4-reference-count-zigzag]
+  tests/distributed/test_matrix.py::test_case[video-and-images-cp2-reference-count]
+  tests/distributed/test_matrix.py::test_case[three-images-cp2-dp2-reference-count]
+  tests/distributed/test_matrix.py::test_case[three-images-cp2-tp2-reference-count]
+  tests/distributed/test_matrix.py::test_case[three-images-cp2-reference-count-optout]
+  tests/distributed/test_matrix.py::test_case[empty-cp2-reference-count]
+  tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case
+  tests/mutants/test_mutants.py::test_a_bug_on_one_non_zero_rank_fails_and_the_report_names_it
+  tests/distributed/test_execution.py tests/distributed/test_low_precision.py
+  tests/unit/test_duck_parts.py::test_a_duck_whose_stated_plan_is_not_what_ran_fails"
+module[expectations]=vdpcp/expectations.py
+tests[expectations]="tests/unit/test_judge.py tests/distributed/test_scenarios.py"
+module[ab_judge]=vdpcp/ab/judge.py
+tests[ab_judge]="tests/ab/test_judge.py"
+module[saved]=vdpcp/saved.py
+tests[saved]="tests/fuzz/test_saved_cp.py tests/fuzz/test_replay.py::test_every_case_field_round_trips_through_a_saved_file
+  tests/fuzz/test_replay.py::test_a_bad_spec_file_exits_2_naming_file_and_field
+  tests/fuzz/test_regressions.py::test_every_saved_regression_describes_its_case_and_failure"
+module[capture]=vdpcp/capture.py
+tests[capture]="tests/fuzz/test_capture.py tests/fuzz/test_saved_cp.py"
+module[impls]=vdpcp/impls/__init__.py
+tests[impls]="tests/unit/test_impls.py tests/unit/test_duck_parts.py"
+module[layout]=vdpcp/layout.py
+tests[layout]="tests/unit/test_layout.py tests/ab/test_loss_split.py"
+module[tensor_parallel]=vdpcp/tensor_parallel.py
+tests[tensor_parallel]="tests/distributed/test_tensor_parallel.py
+  tests/distributed/test_matrix.py::test_case[three-images-cp2-tp2-reference-count]
+  tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case[tp-backward-not-reduced]
+  tests/mutants/test_mutants.py::test_a_rank_that_skips_its_tensor_parallel_tower_is_named_not_hung"
+module[reference]=vdpcp/impls/reference.py
+tests[reference]="tests/distributed/test_tensor_parallel.py
+  tests/distributed/test_matrix.py::test_case[three-images-cp2-tp2-reference-count]
+  tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case[tp-backward-not-reduced]
+  tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case[gather-before-project]"
+ALL="oracle expectations ab_judge saved capture impls layout tensor_parallel reference"
+
+names=${*:-$ALL}
+for name in $names; do
+    [ -n "${module[$name]:-}" ] || { echo "mutation.sh: unknown module $name; expected some of: $ALL" >&2; exit 2; }
+done
+
+cd "$here"
+if ! ./run python -c "import cosmic_ray" 2>/dev/null; then
+    echo "mutation.sh: installing cosmic-ray $cosmic_ray_version into the environment" >&2
+    ./run python -m pip install -q "cosmic-ray==$cosmic_ray_version" >&2
+fi
+
+started=$(date +%s)
+rm -rf "$work"
+mkdir -p "$work"
+for w in $(seq 1 "$workers"); do  # the checkout as it is (tracked and untracked-but-not-ignored files), per worker
+    mkdir -p "$work/tree$w"
+    git ls-files -z -co --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$work/tree$w"
+done
+
+EXCLUDE='"core/ReplaceBinaryOperator_(?!(Add_Sub|Sub_Add|Mul_Div|Div_Mul|FloorDiv_Mul|Div_FloorDiv|FloorDiv_Div|Mod_FloorDiv|Pow_Mul|BitOr_BitAnd|BitAnd_BitOr)$)",
+  "core/ReplaceComparisonOperator_(?!(Eq_NotEq|NotEq_Eq|Lt_LtE|LtE_Lt|Gt_GtE|GtE_Gt|Lt_GtE|GtE_Lt|LtE_Gt|Gt_LtE|Is_IsNot|IsNot_Is|In_NotIn|NotIn_In)$)",
+  "core/ReplaceUnaryOperator_(?!(USub_UAdd|Delete_Not|Delete_USub|Delete_Invert)$)",
+  "core/Variable(Replacer|Inserter)"'
+# Each mutant's run: this checkout's tests in a fresh pytest; a hung case is killed at 60 s (the harness names
+# it), a whole run at 900 s (cosmic-ray counts that as killed); no heavy preload (these tests need none).
+for name in $names; do
+    selection=$(echo ${tests[$name]})
+    cat > "$work/$name.toml" <<EOF
+[cosmic-ray]
+module-path = "${module[$name]}"
+timeout = 900.0
+excluded-modules = []
+test-command = "env VDPCP_TIMEOUT=60 VDPCP_PRELOAD=vdpcp.runner ./run python -m pytest -x -q -n 0 -p no:cacheprovider $selection"
+
+[cosmic-ray.distributor]
+name = "local"
+
+[cosmic-ray.filters.operators-filter]
+exclude-operators = [$EXCLUDE]
+EOF
+    (cd "$work/tree1" && ./run cosmic-ray init "$work/$name.toml" "$work/$name.sqlite" \
+        && ./run cr-filter-operators "$work/$name.sqlite" "$work/$name.toml" && ./run cr-filter-pragma "$work/$name.sqlite") \
+        >"$work/$name.init.log" 2>&1
+    count=$(./run python "$here/scripts/mutation_score.py" pending "$work/$name.sqlite")
+    echo "$name: ${module[$name]}, $count mutants, tests: $selection"
+done
+
+# Baseline: the selections pass unmutated, or every 'killed' below would mean nothing.
+for name in $names; do
+    (cd "$work/tree1" && ./run cosmic-ray baseline "$work/$name.toml" >"$work/$name.baseline.log" 2>&1) || {
+        echo "mutation.sh: the tests for $name fail without any mutant (see $work/$name.baseline.log)" >&2; exit 1; }
+done
+
+# Each worker takes every module's mutants in turn, one shard of each (job i to worker i mod workers), in its
+# own copy of the checkout: the load evens out whatever each module's mutants cost.
+for name in $names; do
+    for w in $(seq 1 "$workers"); do
+        cp "$work/$name.sqlite" "$work/$name.$w.sqlite"
+        ./run python "$here/scripts/mutation_score.py" shard "$work/$name.$w.sqlite" "$w" "$workers"
+    done
+done
+pids=()
+for w in $(seq 1 "$workers"); do
+    (
+        cd "$work/tree$w"
+        for name in $names; do
+            echo "worker $w: $name, $(./run python "$here/scripts/mutation_score.py" pending "$work/$name.$w.sqlite") mutants, from $(date +%T)"
+            ./run cosmic-ray exec "$work/$name.toml" "$work/$name.$w.sqlite" >"$work/$name.$w.exec.log" 2>&1
+        done
+        echo "worker $w: done $(date +%T)"
+    ) &
+    pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid"; done
+
+seconds=$(($(date +%s) - started))
+./run python "$here/scripts/mutation_score.py" report --target "$target" --seconds "$seconds" \
+    --equivalent "$here/scripts/mutation-equivalent.txt" --source-root "$work/tree1" \
+    $(for n in $names; do for w in $(seq 1 "$workers"); do echo "$work/$n.$w.sqlite"; done; done)

@@ -1,0 +1,46 @@
+"""The root conftest.py: the plugin registered exactly once, however pytest was started; this checkout first for
+every process the tests start; another checkout's vdpcp a usage error instead of a silent test of its code."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import vdpcp
+from vdpcp import pytest_plugin
+
+ROOT = Path(__file__).resolve().parents[2]
+THIS = f"{Path(__file__).relative_to(ROOT)}::test_the_plugin_is_registered_once_and_the_root_conftest_is_loaded"
+
+
+def test_the_plugin_is_registered_once_and_the_root_conftest_is_loaded(request):
+    manager = request.config.pluginmanager
+    assert [p for _, p in manager.list_name_plugin() if p is pytest_plugin] == [pytest_plugin]
+    assert any(getattr(p, "__file__", None) == str(ROOT / "conftest.py") for p in manager.get_plugins())
+    assert request.getfixturevalue("run_ranks") is not None  # the plugin's fixture is there
+
+
+def test_this_checkout_is_what_runs_here_and_first_for_subprocesses():
+    assert Path(vdpcp.__file__).resolve().parent.parent == ROOT
+    assert os.environ["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
+
+
+def _pytest(cwd, *args, **env):
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "VDPCP_"))} | env
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args], cwd=cwd,
+                          env=environment, capture_output=True, text=True, timeout=120)
+
+
+def test_a_checkout_never_installed_gets_the_plugin_from_the_root_conftest(tmp_path):
+    ran = _pytest(tmp_path, str(ROOT / THIS), PYTHONPATH=str(ROOT), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    assert ran.returncode == 0 and "1 passed" in ran.stdout, ran.stdout + ran.stderr
+
+
+def test_another_checkouts_vdpcp_is_a_usage_error_naming_both(tmp_path):
+    other = tmp_path / "other"
+    (other / "vdpcp").mkdir(parents=True)
+    (other / "vdpcp" / "__init__.py").write_text("")
+    (other / "vdpcp" / "pytest_plugin.py").write_text("")
+    ran = _pytest(tmp_path, str(ROOT / THIS), PYTHONPATH=str(other))
+    assert ran.returncode == 4, ran.stdout + ran.stderr  # pytest's usage error
+    assert f"vdpcp is imported from {other}, not from this checkout {ROOT}" in ran.stdout + ran.stderr
