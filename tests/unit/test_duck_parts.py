@@ -144,10 +144,10 @@ def test_a_duck_with_its_own_model_model_under_test_inputs_and_plan_passes():
 
 
 @pytest.mark.distributed
-def test_a_duck_whose_stated_plan_is_not_what_ran_fails():
+def test_a_duck_whose_stated_plan_is_not_what_ran_is_a_plan_mismatch():
     result = run_case(_case("WrongPlan"))
-    assert result.verdict == "fail", result.summary()
-    assert any("(plan: rank 1)" in failure for failure in result.failures), result.summary()
+    assert result.verdict == "plan-mismatch", result.summary()
+    assert any("row 0 encoded on rank 0, the plan says rank 1" in failure for failure in result.failures), result.summary()
 
 
 @pytest.mark.distributed
@@ -162,9 +162,6 @@ def test_the_matrix_runs_a_ducks_tp_sizes():
     assert {c.tp for c in scenarios.matrix(impls=("tests.unit.test_duck_parts:Full",))} == {1}
 
 
-@pytest.mark.xfail(strict=True, reason="scenarios.matrix keeps only vdpcp's own split names (and "
-                   "_same_plan_as_an_earlier_split indexes STRATEGIES), though the protocol says any names run: "
-                   "for the scenarios.py rewrite; strict, so it fails once they do")
 def test_the_matrix_runs_a_ducks_own_split_names():
     cases = scenarios.matrix(impls=("tests.unit.test_duck_parts:Extras",), splits=Extras.splits)
     assert {c.split for c in cases} == {"count", "halves"}
