@@ -135,10 +135,11 @@ def run_judged(case: Case, backend: str | None = None, timeout: float | None = N
 
 def preload_case_modules(impls=()) -> None:
     """Have the rank zygote preload RANK_PRELOAD and the implementations' own preloads, unless a preload is
-    configured already or CUDA is visible. Measured on the H200: there, importing them starts a thread, and the
-    zygote refuses to fork a threaded process; so on GPUs each worker imports them once (about 10 s), again after
-    every faulted case. Callers scope it (harness.config.configured)."""
-    if harness_config.default_preload() or harness_config.cuda_device_count() > 0:
+    configured already. On GPUs too: measured on the H200, with torch's NVML-based CUDA check (which the zygote
+    sets) the only thread those imports leave is the CUDA driver's, and workers forked after it use CUDA, gloo and
+    NCCL; the zygote proves that at each start. A faulted case then costs +0.5 s there, not 8-14 s of re-imports
+    (reports/h200/faulted-cost.md). Callers scope it (harness.config.configured)."""
+    if harness_config.default_preload():
         return
     extra = [name for target in impls for name in resolve(target).preload]
     harness.configure(preload=tuple(dict.fromkeys((*RANK_PRELOAD, *extra))))

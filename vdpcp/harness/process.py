@@ -28,6 +28,9 @@ class ZygoteGone(RuntimeError):
     """The zygote exited: its workers are gone too (they die with it) and the pool must start over."""
 
 
+CUDA_DRIVER_THREAD = "cuda"  # the prefix of the CUDA driver's thread's OS name
+
+
 class Zygote:
     """The pool's forking server (see zygote.py); its output goes to DIR/zygote.log."""
 
@@ -48,10 +51,15 @@ class Zygote:
             argv.append("--deathsig")
         if preload:
             argv.append(f"--preload={','.join(preload)}")
+        if config.cuda_device_count() > 0:
+            # Where CUDA is visible, torch's NVML-based device count (torch.utils.cpp_extension, megatron-core, at
+            # import) leaves the CUDA driver's own thread behind (named cuda000018...). Measured on the H200
+            # (reports/h200/faulted-cost.md): children forked after it run CUDA tensor ops, gloo with CUDA
+            # tensors and NCCL. So it is tolerated there, and the zygote proves each start's forks usable (--cuda).
+            tolerate_threads = tuple(dict.fromkeys((*tolerate_threads, CUDA_DRIVER_THREAD)))
+            argv.append("--cuda")
         if tolerate_threads:
             argv.append(f"--tolerate-threads={','.join(tolerate_threads)}")
-        if preload and config.cuda_device_count() > 0:  # only then can a preload poison forks for CUDA use
-            argv.append("--cuda")
         with open(self.log_path, "ab") as log, theirs:
             self.process = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                             stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -68,8 +68,9 @@ def main(argv: list[str]) -> None:
                  f"(`python -m vdpcp.harness.forkcheck {preload.replace(',', ' ')}` says which import starts them)")
     if torch.cuda.is_initialized():  # a forked child cannot use a CUDA context its parent made
         sys.exit(f"vdpcp zygote: importing {preload} initialised CUDA; forking it would be unsafe")
-    if preload and "--cuda" in argv and _child_in_bad_fork():
-        sys.exit(f"vdpcp zygote: after importing {preload} a forked child cannot initialise CUDA (torch marks it a "
+    if "--cuda" in argv and _child_in_bad_fork():
+        sys.exit(f"vdpcp zygote: after importing torch and {preload or 'nothing else'} a forked child cannot initialise "
+                 f"CUDA (torch marks it a "
                  f"bad fork: something counted devices through the CUDA runtime, e.g. torch.cuda.is_available(); "
                  f"with PYTORCH_NVML_BASED_CUDA_CHECK=1 that check asks NVML instead, which leaves forks usable)")
     if names:  # tolerated on purpose: Python's warning at every fork would only fill the log
