@@ -39,7 +39,7 @@ bf16() {  # the gloo-on-CUDA matrix in bf16 at CP 2 and 4; the per-case lines ca
     for impl in "$@"; do
         step "VDPCP_DEVICE=cuda vdpcp check --backend gloo --cp 2 4 --dtype bfloat16 --impl $impl"
         start=$(date +%s)
-        VDPCP_DEVICE=cuda timeout 110 python3 -m vdpcp check --backend gloo --cp 2 4 --dtype bfloat16 --impl $impl \
+        VDPCP_DEVICE=cuda timeout "${BF16_S:-110}" python3 -m vdpcp check --backend gloo --cp 2 4 --dtype bfloat16 --impl $impl \
             >"$OUT/bf16-${impl// /-}.txt" 2>&1
         echo "rc=$? wall=$(( $(date +%s) - start )) s"; tail -1 "$OUT/bf16-${impl// /-}.txt"
     done
@@ -52,6 +52,6 @@ case "$PHASE" in
         step "vdpcp bench faults (preload as vdpcp now does it on GPUs; workers kept or re-forked)"
         timeout 100 python3 -m vdpcp bench faults --device cuda --passes 3 --repeats 2 --grace 0.1 \
             --config none/off --config none/on --config case/off --config case/on --json "$OUT/bench-faults.json" 2>&1 | tail -12 ;;
-    B)  bf16 qwen2_5_vl automodel automodel-shipped ;;
+    B)  BF16_S=150 bf16 qwen2_5_vl automodel automodel-shipped ;;
 esac
 step done

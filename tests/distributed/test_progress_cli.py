@@ -40,7 +40,7 @@ def test_off_a_terminal_check_prints_a_line_per_case_with_verdict_seconds_and_wh
 
 @pytest.mark.distributed
 def test_x_stops_at_the_first_case_that_fails_says_so_and_the_reports_hold_it(tmp_path, capsys):
-    code = main(["check", "--cp", "2", "-k", "eight-equal-cp2-reference", "--mutant", "grad-not-summed", "-x",
+    code = main(["check", "--cp", "2", "-k", "eight-equal-cp2-reference", "--mutant", "grad-not-summed", "-x", "--backend", "gloo",
                  "--json", str(tmp_path / "r.json"), "--junit-xml", str(tmp_path / "r.xml")])
     out = capsys.readouterr().out
     assert code == 1, out
@@ -55,7 +55,7 @@ def test_x_stops_at_the_first_case_that_fails_says_so_and_the_reports_hold_it(tm
 
 @pytest.mark.distributed
 def test_maxfail_n_lets_n_minus_1_failures_through(tmp_path, capsys):
-    assert main(["check", "--cp", "2", "-k", "eight-equal-cp2-reference", "--mutant", "grad-not-summed",
+    assert main(["check", "--cp", "2", "-k", "eight-equal-cp2-reference", "--mutant", "grad-not-summed", "--backend", "gloo",
                  "--maxfail", "2", "--json", str(tmp_path / "r.json")]) == 1
     verdicts = [line[3] for line in _lines(capsys.readouterr().out)]
     assert verdicts.count("fail") == 2 and verdicts[-1] == "fail"
