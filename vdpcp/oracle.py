@@ -83,7 +83,10 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
         if all(w is not None for w in own.values()):
             expected_rank_params = _param_grads(reference, weighted(ref_out, own))
         weighted(ref_out, {name: sum(w) for name, w in weights.items()}).backward()
-    rounding = _rounding(impl, case, reference, ref_batch, weights) if case.grads and dtype in VECTOR_RTOL else Rounding()
+    # A tensor-parallel tower splits its MLP's sums over TP ranks, so in low precision its outputs round apart from
+    # the plain tower's too (measured on the H200 in bf16: 1 ulp, 0.0039); then they compare as gradients do.
+    measured = dtype in VECTOR_RTOL and (case.grads or case.tp > 1)
+    rounding = _rounding(impl, case, reference, ref_batch, ref_out, weights) if measured else Rounding()
 
     # The reference's weights; split inside where the tower is tensor parallel (the reference stays plain), so
     # the reference's gradients are held to each parameter's own part of them (tensor_parallel.held_part).
@@ -110,7 +113,8 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
         result.failures.append(f"outputs: the sharded encode returned {list(out)}, the unsharded {list(ref_out)}")
         return result
     for name in ref_out:
-        result.out_err = max(result.out_err, _compare(result, _label("outputs", name, ref_out), out[name], ref_out[name]))
+        result.out_err = max(result.out_err, _compare(result, _label("outputs", name, ref_out), out[name], ref_out[name],
+                                                      slack=rounding.outputs if case.tp > 1 else None))
     if any(out[n].shape != ref_out[n].shape for n in ref_out) or not case.grads:
         return result  # every rank gathered the same shapes, so every rank stops here: no collective hangs
 
@@ -402,9 +406,10 @@ class Rounding:
 
     input: float = 0.0
     params: float = 0.0
+    outputs: float = 0.0
 
 
-def _rounding(impl, case: Case, reference, ref_batch, weights) -> Rounding:
+def _rounding(impl, case: Case, reference, ref_batch, ref_out, weights) -> Rounding:
     """The unsharded run once more in float64, from the same rounded weights, pixels and loss weights.
 
     Measured (2026-12-01): on microbatches of a few hundred patches float32's own gap is about 4 eps, but on
@@ -415,9 +420,12 @@ def _rounding(impl, case: Case, reference, ref_batch, weights) -> Rounding:
     exact.load_state_dict(reference.state_dict())
     batch = replace(ref_batch, patches=ref_batch.patches.detach().double().requires_grad_(True))
     out = outputs_of(impl.encode(exact, impl.inputs(batch)), f"{impl.name}.encode")
+    outputs = 2 * max(_relative(ref_out[name].detach(), out[name].detach()) for name in out)
+    if not case.grads:
+        return Rounding(outputs=outputs)
     weighted(out, {name: sum(w).double() for name, w in weights.items()}).backward()
     return Rounding(2 * _relative(_grad(ref_batch.patches), _grad(batch.patches)),
-                    2 * _relative(_flat_grads(reference), _flat_grads(exact)))
+                    2 * _relative(_flat_grads(reference), _flat_grads(exact)), outputs)
 
 
 def _relative(actual: torch.Tensor, exact: torch.Tensor) -> float:
