@@ -2,6 +2,7 @@
 
     mutation_score.py pending SESSION              mutants not run yet
     mutation_score.py shard SESSION W WORKERS      leave this session worker W's mutants only (1-based)
+    mutation_score.py retry NEW OLD...             NEW: the OLD shards merged, their survivors pending again
     mutation_score.py report [--target 90] [--seconds S] [--equivalent FILE] [--source-root DIR] SESSION...
 
 Sessions of several runs may be reported together (e.g. one module re-run after a fix, the rest from the full
@@ -39,6 +40,22 @@ def shard(session: str, worker: int, workers: int) -> None:
     others = [job for i, job in enumerate(jobs) if i % workers != worker - 1]
     db.executemany("insert into work_results (worker_outcome, output, test_outcome, diff, job_id) "
                    "values ('SKIPPED', 'another worker''s shard', NULL, NULL, ?)", [(job,) for job in others])
+    db.commit()
+
+
+def retry(new: str, old: list[str]) -> None:
+    """One session from a run's shards: every result kept but the survivors', which are run again."""
+    import shutil
+
+    shutil.copy(old[0], new)
+    db = sqlite3.connect(new)
+    db.execute("delete from work_results")
+    for shard_ in old:
+        for row in sqlite3.connect(shard_).execute("select worker_outcome, output, test_outcome, diff, job_id "
+                                                   "from work_results where worker_outcome != 'SKIPPED' "
+                                                   "or output != 'another worker''s shard'"):
+            db.execute("insert or replace into work_results values (?, ?, ?, ?, ?)", row)
+    db.execute("delete from work_results where lower(test_outcome) = 'survived' or output = 'deferred'")
     db.commit()
 
 
@@ -117,6 +134,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("pending").add_argument("session")
+    again = sub.add_parser("retry")
+    again.add_argument("new")
+    again.add_argument("old", nargs="+")
     cut = sub.add_parser("shard")
     cut.add_argument("session")
     cut.add_argument("worker", type=int)
@@ -131,6 +151,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.command == "pending":
         print(pending(args.session))
+        return 0
+    if args.command == "retry":
+        retry(args.new, args.old)
         return 0
     if args.command == "shard":
         shard(args.session, args.worker, args.workers)
