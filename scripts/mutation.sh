@@ -11,6 +11,7 @@
 #
 # MUTATION_FROM: a previous run's folder; each module whose source is unchanged since then re-runs only that
 # run's survivors (against the current tests) and keeps its other results; a changed module runs in full.
+# MUTATION_SURVIVORS_ONLY=1 with it: mutants that run never reached stay unrun (reported as not run).
 #
 # Why cosmic-ray, not mutmut: the oracle runs inside rank processes forked from a warm zygote. mutmut 3 switches
 # mutants in-process (trampolines, an environment variable read where the zygote was started) and records which
@@ -40,7 +41,7 @@ cosmic_ray_version=8.7.0
 # module -> the tests that reach it, cheapest and surest first (pytest -x stops at the first failure).
 declare -A module tests
 module[oracle]=vdpcp/oracle.py
-tests[oracle]="tests/distributed/test_oracle_figures.py
+tests[oracle]="tests/unit/test_oracle_weights.py tests/distributed/test_oracle_figures.py
   tests/distributed/test_matrix.py::test_case[three-images-cp4-reference-count]
   tests/distributed/test_matrix.py::test_case[one-image-cp1-reference-count]
   tests/distributed/test_matrix.py::test_case[three-images-cp4-reference-count-zigzag]
@@ -121,7 +122,8 @@ exclude-operators = [$EXCLUDE]
 EOF
     from=${MUTATION_FROM:-}
     if [ -n "$from" ] && [ -f "$from/$name.sqlite" ] && cmp -s "$from/tree1/${module[$name]}" "${module[$name]}"; then
-        ./run python "$here/scripts/mutation_score.py" retry "$work/$name.sqlite" "$from"/$name.[0-9]*.sqlite
+        ./run python "$here/scripts/mutation_score.py" retry ${MUTATION_SURVIVORS_ONLY:+--survivors-only} \
+            "$work/$name.sqlite" "$from"/$name.[0-9]*.sqlite
     else
         (cd "$work/tree1" && ./run cosmic-ray init "$work/$name.toml" "$work/$name.sqlite" \
             && ./run cr-filter-operators "$work/$name.sqlite" "$work/$name.toml" && ./run cr-filter-pragma "$work/$name.sqlite") \

@@ -8,7 +8,8 @@
 Sessions of several runs may be reported together (e.g. one module re-run after a fix, the rest from the full
 run): each is read against the copy of the checkout beside it.
 
-A killed mutant made the tests fail (a timeout counts); a survivor did not. A survivor listed in the equivalent
+A killed mutant made the tests fail (a timeout counts, and so does an "incompetent" one, whose tests could
+not even run); a survivor did not. A survivor listed in the equivalent
 file ("module|operator|mutated line", the line as the mutant writes it, stripped, as docs/mutation.md argues it), or one whose operator
 stands in a type annotation under ``from __future__ import annotations`` (never evaluated), is equivalent and
 leaves the score; the score is killed / (run - equivalent). Exit 1 below the target, or with mutants left unrun.
@@ -43,8 +44,9 @@ def shard(session: str, worker: int, workers: int) -> None:
     db.commit()
 
 
-def retry(new: str, old: list[str]) -> None:
-    """One session from a run's shards: every result kept but the survivors', which are run again."""
+def retry(new: str, old: list[str], survivors_only: bool = False) -> None:
+    """One session from a run's shards: every result kept but the survivors', which are run again (and, with
+    ``survivors_only``, the mutants that run never reached are left unrun: skipped as 'deferred')."""
     import shutil
 
     shutil.copy(old[0], new)
@@ -56,6 +58,12 @@ def retry(new: str, old: list[str]) -> None:
                                                    "or output != 'another worker''s shard'"):
             db.execute("insert or replace into work_results values (?, ?, ?, ?, ?)", row)
     db.execute("delete from work_results where lower(test_outcome) = 'survived' or output = 'deferred'")
+    if survivors_only:
+        ran = {job for (job,) in db.execute("select job_id from work_results")}
+        survived = {row[4] for shard_ in old for row in sqlite3.connect(shard_).execute(
+            "select * from work_results where lower(test_outcome) = 'survived'")}
+        never = [(job,) for (job,) in db.execute("select job_id from work_items") if job not in ran | survived]
+        db.executemany("insert into work_results values ('SKIPPED', 'deferred', NULL, NULL, ?)", never)
     db.commit()
 
 
@@ -80,14 +88,15 @@ def report(sessions: list[str], target: float, seconds: float | None, equivalent
         for row in rows:
             counts = by_module.setdefault(row[0], dict(run=0, killed=0, equivalent=0, unexplained=0, pending=0))
             counts["run"] += 1
-            if row[3].lower() == "killed":
+            if row[3].lower() in ("killed", "incompetent"):  # incompetent: the tests could not even run
                 counts["killed"] += 1
             elif row[3].lower() == "survived" and (key(row, tree) in equivalent or in_annotation(row, tree)):
                 counts["equivalent"] += 1
             elif row[3].lower() == "survived":
                 counts["unexplained"] += 1
                 unexplained.append(row)
-        totals["pending"] += pending(session)
+        totals["pending"] += pending(session) + sqlite3.connect(session).execute(
+            "select count(*) from work_results where output = 'deferred'").fetchone()[0]
     for module, counts in sorted(by_module.items()):
         score = counts["killed"] / max(counts["run"] - counts["equivalent"], 1)
         print(f"{module}: {counts['run']} mutants run, {counts['killed']} killed, {counts['equivalent']} survivors argued "
@@ -136,6 +145,7 @@ def main(argv: list[str]) -> int:
     sub.add_parser("pending").add_argument("session")
     again = sub.add_parser("retry")
     again.add_argument("new")
+    again.add_argument("--survivors-only", action="store_true")
     again.add_argument("old", nargs="+")
     cut = sub.add_parser("shard")
     cut.add_argument("session")
@@ -153,7 +163,7 @@ def main(argv: list[str]) -> int:
         print(pending(args.session))
         return 0
     if args.command == "retry":
-        retry(args.new, args.old)
+        retry(args.new, args.old, args.survivors_only)
         return 0
     if args.command == "shard":
         shard(args.session, args.worker, args.workers)
