@@ -7,6 +7,11 @@
 #   scripts/mutation.sh                    # every module below, 2 workers (about an hour here: see the notes)
 #   scripts/mutation.sh oracle layout      # some of them
 #   MUTATION_WORKERS=1 MUTATION_DIR=/tmp/m scripts/mutation.sh
+#   MUTATION_FROM=/tmp/m MUTATION_DIR=/tmp/m2 scripts/mutation.sh saved   # re-run only /tmp/m's survivors
+#
+# MUTATION_FROM: a previous run's folder; each module whose source is unchanged since then re-runs only that
+# run's survivors (against the current tests) and keeps its other results; a changed module runs in full.
+# MUTATION_SURVIVORS_ONLY=1 with it: mutants that run never reached stay unrun (reported as not run).
 #
 # Why cosmic-ray, not mutmut: the oracle runs inside rank processes forked from a warm zygote. mutmut 3 switches
 # mutants in-process (trampolines, an environment variable read where the zygote was started) and records which
@@ -36,7 +41,8 @@ cosmic_ray_version=8.7.0
 # module -> the tests that reach it, cheapest and surest first (pytest -x stops at the first failure).
 declare -A module tests
 module[oracle]=vdpcp/oracle.py
-tests[oracle]="tests/distributed/test_matrix.py::test_case[three-images-cp4-reference-count]
+tests[oracle]="tests/unit/test_oracle_weights.py tests/distributed/test_oracle_figures.py
+  tests/distributed/test_matrix.py::test_case[three-images-cp4-reference-count]
   tests/distributed/test_matrix.py::test_case[one-image-cp1-reference-count]
   tests/distributed/test_matrix.py::test_case[three-images-cp4-reference-count-zigzag]
   tests/distributed/test_matrix.py::test_case[video-and-images-cp2-reference-count]
@@ -72,7 +78,7 @@ tests[reference]="tests/distributed/test_tensor_parallel.py
   tests/distributed/test_matrix.py::test_case[three-images-cp2-tp2-reference-count]
   tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case[tp-backward-not-reduced]
   tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case[gather-before-project]"
-ALL="oracle expectations ab_judge saved capture impls layout tensor_parallel reference"
+ALL="expectations ab_judge saved capture impls layout reference tensor_parallel oracle"  # the order they run in
 
 names=${*:-$ALL}
 for name in $names; do
@@ -114,9 +120,15 @@ name = "local"
 [cosmic-ray.filters.operators-filter]
 exclude-operators = [$EXCLUDE]
 EOF
-    (cd "$work/tree1" && ./run cosmic-ray init "$work/$name.toml" "$work/$name.sqlite" \
-        && ./run cr-filter-operators "$work/$name.sqlite" "$work/$name.toml" && ./run cr-filter-pragma "$work/$name.sqlite") \
-        >"$work/$name.init.log" 2>&1
+    from=${MUTATION_FROM:-}
+    if [ -n "$from" ] && [ -f "$from/$name.sqlite" ] && cmp -s "$from/tree1/${module[$name]}" "${module[$name]}"; then
+        ./run python "$here/scripts/mutation_score.py" retry ${MUTATION_SURVIVORS_ONLY:+--survivors-only} \
+            "$work/$name.sqlite" "$from"/$name.[0-9]*.sqlite
+    else
+        (cd "$work/tree1" && ./run cosmic-ray init "$work/$name.toml" "$work/$name.sqlite" \
+            && ./run cr-filter-operators "$work/$name.sqlite" "$work/$name.toml" && ./run cr-filter-pragma "$work/$name.sqlite") \
+            >"$work/$name.init.log" 2>&1
+    fi
     count=$(./run python "$here/scripts/mutation_score.py" pending "$work/$name.sqlite")
     echo "$name: ${module[$name]}, $count mutants, tests: $selection"
 done
@@ -151,5 +163,5 @@ for pid in "${pids[@]}"; do wait "$pid"; done
 
 seconds=$(($(date +%s) - started))
 ./run python "$here/scripts/mutation_score.py" report --target "$target" --seconds "$seconds" \
-    --equivalent "$here/scripts/mutation-equivalent.txt" --source-root "$work/tree1" \
+    --equivalent "$here/scripts/mutation-equivalent.txt" \
     $(for n in $names; do for w in $(seq 1 "$workers"); do echo "$work/$n.$w.sqlite"; done; done)

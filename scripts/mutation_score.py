@@ -2,12 +2,14 @@
 
     mutation_score.py pending SESSION              mutants not run yet
     mutation_score.py shard SESSION W WORKERS      leave this session worker W's mutants only (1-based)
+    mutation_score.py retry NEW OLD...             NEW: the OLD shards merged, their survivors pending again
     mutation_score.py report [--target 90] [--seconds S] [--equivalent FILE] [--source-root DIR] SESSION...
 
 Sessions of several runs may be reported together (e.g. one module re-run after a fix, the rest from the full
 run): each is read against the copy of the checkout beside it.
 
-A killed mutant made the tests fail (a timeout counts); a survivor did not. A survivor listed in the equivalent
+A killed mutant made the tests fail (a timeout counts, and so does an "incompetent" one, whose tests could
+not even run); a survivor did not. A survivor listed in the equivalent
 file ("module|operator|mutated line", the line as the mutant writes it, stripped, as docs/mutation.md argues it), or one whose operator
 stands in a type annotation under ``from __future__ import annotations`` (never evaluated), is equivalent and
 leaves the score; the score is killed / (run - equivalent). Exit 1 below the target, or with mutants left unrun.
@@ -42,6 +44,29 @@ def shard(session: str, worker: int, workers: int) -> None:
     db.commit()
 
 
+def retry(new: str, old: list[str], survivors_only: bool = False) -> None:
+    """One session from a run's shards: every result kept but the survivors', which are run again (and, with
+    ``survivors_only``, the mutants that run never reached are left unrun: skipped as 'deferred')."""
+    import shutil
+
+    shutil.copy(old[0], new)
+    db = sqlite3.connect(new)
+    db.execute("delete from work_results")
+    for shard_ in old:
+        for row in sqlite3.connect(shard_).execute("select worker_outcome, output, test_outcome, diff, job_id "
+                                                   "from work_results where worker_outcome != 'SKIPPED' "
+                                                   "or output != 'another worker''s shard'"):
+            db.execute("insert or replace into work_results values (?, ?, ?, ?, ?)", row)
+    db.execute("delete from work_results where lower(test_outcome) = 'survived' or output = 'deferred'")
+    if survivors_only:
+        ran = {job for (job,) in db.execute("select job_id from work_results")}
+        survived = {row[4] for shard_ in old for row in sqlite3.connect(shard_).execute(
+            "select * from work_results where lower(test_outcome) = 'survived'")}
+        never = [(job,) for (job,) in db.execute("select job_id from work_items") if job not in ran | survived]
+        db.executemany("insert into work_results values ('SKIPPED', 'deferred', NULL, NULL, ?)", never)
+    db.commit()
+
+
 def equivalents(path: Path | None) -> set[tuple[str, str, str]]:
     if path is None or not path.exists():
         return set()
@@ -63,14 +88,15 @@ def report(sessions: list[str], target: float, seconds: float | None, equivalent
         for row in rows:
             counts = by_module.setdefault(row[0], dict(run=0, killed=0, equivalent=0, unexplained=0, pending=0))
             counts["run"] += 1
-            if row[3].lower() == "killed":
+            if row[3].lower() in ("killed", "incompetent"):  # incompetent: the tests could not even run
                 counts["killed"] += 1
             elif row[3].lower() == "survived" and (key(row, tree) in equivalent or in_annotation(row, tree)):
                 counts["equivalent"] += 1
             elif row[3].lower() == "survived":
                 counts["unexplained"] += 1
                 unexplained.append(row)
-        totals["pending"] += pending(session)
+        totals["pending"] += pending(session) + sqlite3.connect(session).execute(
+            "select count(*) from work_results where output = 'deferred'").fetchone()[0]
     for module, counts in sorted(by_module.items()):
         score = counts["killed"] / max(counts["run"] - counts["equivalent"], 1)
         print(f"{module}: {counts['run']} mutants run, {counts['killed']} killed, {counts['equivalent']} survivors argued "
@@ -117,6 +143,10 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("pending").add_argument("session")
+    again = sub.add_parser("retry")
+    again.add_argument("new")
+    again.add_argument("--survivors-only", action="store_true")
+    again.add_argument("old", nargs="+")
     cut = sub.add_parser("shard")
     cut.add_argument("session")
     cut.add_argument("worker", type=int)
@@ -131,6 +161,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.command == "pending":
         print(pending(args.session))
+        return 0
+    if args.command == "retry":
+        retry(args.new, args.old, args.survivors_only)
         return 0
     if args.command == "shard":
         shard(args.session, args.worker, args.workers)

@@ -55,3 +55,19 @@ def test_a_failing_case_records_the_size_of_its_error_on_the_rank_it_is_on(mutan
     assert result.max_err(attr) > 1e-3, result.summary()
     if attr == "out_err":  # the last rank's copy alone is rolled
         assert result.ranks[0].out_err < ROUNDING < result.ranks[1].out_err
+
+
+@pytest.mark.distributed
+def test_a_rank_that_skipped_its_tower_is_reported_as_having_seen_no_rows_and_names_its_layers():
+    result = run_case(MATRIX["three-images-cp4-reference-count"].with_(mutant="placeholder-rank-skips-tower"))
+    assert result.verdict == "fail" and [r.encoded for r in result.ranks][3] == 0, result.summary()
+    assert all(r.encoded > 0 for r in result.ranks[:3]), result.summary()
+    assert any("rank 3" in f and "(layers never run: " in f and "blocks." in f for f in result.failures), result.summary()
+
+
+@pytest.mark.distributed
+def test_gathered_features_of_the_wrong_shape_fail_the_case_they_do_not_crash_it():
+    result = run_case(MATRIX["three-images-cp4-reference-count"].with_(mutant="placeholders-not-dropped"))
+    assert result.verdict == "fail", result.summary()  # every rank stops at the outputs: no backward, no hang
+    assert all(any(f.startswith("outputs: shape (") for f in r.failures) for r in result.ranks), result.summary()
+    assert all(r.input_grad_err == 0.0 == r.param_grad_err for r in result.ranks)

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from vdpcp import saved, scenarios
-from vdpcp.capture import capture_on_failure
+from vdpcp.capture import capture, capture_on_failure
 from vdpcp.case import Case
 from vdpcp.cli import main
 from vdpcp.spec import MicrobatchSpec, SpecError
@@ -91,3 +91,28 @@ def test_a_saved_signature_is_read_back_and_a_missing_one_is_none(tmp_path):
     assert saved.load(with_signature).signature == "error: raised ValueError: pixel shuffle"
     without = saved.save(tmp_path / "b-cp4.json", case)
     assert "expect" not in json.loads(without.read_text()) and saved.load(without).signature is None
+
+
+@pytest.mark.parametrize("fields", [{"case": [4]}, {"expect": "fail: x"}, {"case": [4], "expect": "fail: x"}])
+def test_case_and_expect_must_each_be_objects(tmp_path, fields):
+    path = tmp_path / "x-cp4.json"
+    path.write_text(json.dumps({"name": "x", "images": [[8, 8]], **fields}))
+    with pytest.raises(SpecError, match=r"fields 'case' and 'expect' must be JSON objects"):
+        saved.load(path)
+
+
+def test_save_makes_the_folders_it_needs(tmp_path):
+    case = Case(MicrobatchSpec(images=((8, 8),), name="deep-cp2"), 2)
+    written = saved.save(tmp_path / "fuzz-out" / "run1" / "deep-cp2.json", case)
+    assert saved.load(written).to_case() == case
+
+
+@pytest.mark.parametrize("cp", [0, -1, True, 2.0, "4"])
+def test_capture_takes_a_positive_integer_cp_only(cp):
+    with pytest.raises(SpecError, match=r"capture: cp must be a positive integer"):
+        capture(imgs_sizes=[[32, 32]], cp=cp, patch_dim=16)
+
+
+def test_capture_at_cp1_and_its_defaults():
+    spec = capture(imgs_sizes=[[32, 32]], cp=1, patch_dim=16)
+    assert (spec.name, spec.seed, spec.temporal_patch_size) == ("captured-cp1", 0, 1)

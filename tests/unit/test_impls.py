@@ -37,3 +37,18 @@ def test_anything_else_is_one_clear_error():
     with pytest.raises(ImplError, match=r"--impl tests.unit.test_impls:NOT_ONE: object object is not an implementation "
                                         r"of vision DP over CP \(missing name, encode, encode_sharded"):
         resolve("tests.unit.test_impls:NOT_ONE")
+
+
+@pytest.mark.parametrize("target, message", [
+    ("no_such_module_for_vdpcp:impl", r"--impl no_such_module_for_vdpcp:impl: cannot import module 'no_such_module_for_vdpcp'"),
+    ("vdpcp.impls.reference:nothing_here", r"module 'vdpcp.impls.reference' has no attribute 'nothing_here'"),
+    ("not-registered", r"--impl not-registered: not a registered implementation \(mcore, qwen2_5_vl, reference"),
+])
+def test_a_target_that_names_nothing_is_one_clear_error(target, message):
+    with pytest.raises(ImplError, match=message):
+        resolve(target)
+
+
+def test_a_target_resolves_to_one_object_every_time():  # rank workers and reports resolve the same string often
+    assert resolve("vdpcp.impls.reference:Reference") is resolve("vdpcp.impls.reference:Reference")
+    assert resolve("tests.unit.test_impls:DUCK") is resolve("tests.unit.test_impls:DUCK")

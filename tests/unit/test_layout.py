@@ -39,17 +39,18 @@ def rank_groups(ctx, lay: Layout):
     seen = torch.tensor([float(ctx.rank)])
     dist.all_reduce(seen, group=groups.cp)  # the CP group really is those ranks
     return dict(cp=cp, tp=tp, coords=(groups.tp_rank, groups.cp_rank, groups.dp_rank), same=again is groups,
-                cp_sum=int(seen.item()))
+                cp_sum=int(seen.item()), world=groups.cp is dist.group.WORLD)
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("lay", [Layout(2, 2), Layout(2, 1, 2), Layout(4)], ids=str)
+@pytest.mark.parametrize("lay", [Layout(2, 2), Layout(2, 1, 2), Layout(4), Layout(2, 2, 2)], ids=str)
 def test_each_rank_gets_its_groups_of_the_layout(run_ranks, lay):
     for rank, got in enumerate(run_ranks(rank_groups, lay.world_size, lay)):
         t, c, d = lay.coords(rank)
         assert got["coords"] == (t, c, d) and got["same"]
         assert got["cp"] == lay.cp_group_ranks(d, t) and got["cp_sum"] == sum(lay.cp_group_ranks(d, t))
         assert got["tp"] == (lay.tp_group_ranks(d, c) if lay.tp > 1 else None)
+        assert got["world"] == (lay.dp == lay.tp == 1)  # one CP group and nothing else: the default group itself
 
 
 def wrong_world(ctx):
