@@ -46,7 +46,7 @@ bf16() {  # the gloo-on-CUDA matrix in bf16 at CP 2 and 4; the per-case lines ca
 }
 
 case "$PHASE" in
-    1)  # the first call, before the zygote tolerated the CUDA driver's thread (reports/h200/faulted-cost.md)
+    1)  # the first call, before the zygote tolerated the CUDA driver's thread (reports/h200/issue20/README.md)
         step "faulted-cost.sh"; bash reports/h200/faulted-cost.sh | tail -40; job ;;
     A)  job; bf16 "reference mcore"
         step "vdpcp bench faults (preload as vdpcp now does it on GPUs; workers kept or re-forked)"
