@@ -56,11 +56,12 @@ def test_zigzag_rows_are_the_vision_part_of_the_fused_sequences_split():
         assert torch.equal(rows.bool(), zigzag_positions(before + n + after, 4, rank)[before : before + n])
 
 
-def test_a_ranks_loss_reads_its_own_weights_only():
-    features = torch.randn(SHAPE, dtype=torch.float64)
-    weights = [torch.randn(SHAPE, dtype=torch.float64) for _ in range(3)]
+def test_a_ranks_loss_reads_its_own_weights_only_of_every_output():
+    outputs = {"features": torch.randn(SHAPE, dtype=torch.float64), "deepstack0": torch.randn(SHAPE, dtype=torch.float64)}
+    weights = {name: [torch.randn(SHAPE, dtype=torch.float64) for _ in range(3)] for name in outputs}
     for rank in range(3):
-        assert oracle.rank_loss(features, weights, rank) == (weights[rank] * features).sum()
+        expected = sum((weights[name][rank] * t).sum() for name, t in outputs.items())
+        assert oracle.rank_loss(outputs, weights, rank) == expected
 
 
 def test_own_token_mask_marks_the_gathered_rows_of_a_ranks_own_images():

@@ -124,10 +124,15 @@ class _Progress:
             position = f"[replay {report.replayed}]" if report.replayed == report.drawn else f"[{report.drawn}/{self._budget}]"
             self._shown.update(completed=report.drawn)
         why = "" if result.verdict == "pass" else first_failure(result)
-        self._shown.say(line(Finished(_spec_text(spec), result.verdict, seconds, where(result), why), position))
+        self._shown.say(line(Finished(_drawn_text(spec), result.verdict, seconds, where(result), why), position))
 
 
-def _spec_text(spec) -> str:
-    """A drawn microbatch in one short line: its shapes and seed (every drawn case has the same id)."""
+def _drawn_text(spec) -> str:
+    """A drawn microbatch in one short line: its shapes and seed (every drawn case has the same id); a long one
+    by its counts and size ranges."""
+    from vdpcp.budget import SHORT_ROWS, summary
+
+    if len(spec.images) > SHORT_ROWS:
+        return summary(spec)
     fields = {k: v for k, v in spec.to_dict().items() if k != "name" and v is not None}
     return " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in fields.items())
