@@ -22,7 +22,8 @@ import sqlite3
 import sys
 from pathlib import Path
 
-RUN = "select s.module_path, s.operator_name, s.start_pos_row, r.test_outcome, r.diff, s.start_pos_col from mutation_specs s " \
+RUN = "select s.module_path, s.operator_name, s.start_pos_row, r.test_outcome, r.diff, s.start_pos_col, s.job_id " \
+      "from mutation_specs s " \
       "join work_results r on r.job_id = s.job_id where r.worker_outcome != 'SKIPPED'"
 PENDING = "select count(*) from work_items w where not exists (select 1 from work_results r where r.job_id = w.job_id)"
 
@@ -82,10 +83,15 @@ def report(sessions: list[str], target: float, seconds: float | None, equivalent
     totals = dict(run=0, killed=0, equivalent=0, unexplained=0, pending=0)
     by_module: dict[str, dict] = {}
     unexplained = []
+    deferred: set[str] = set()
+    seen: set[str] = set()  # a retried session's shards each hold the earlier run's results: count a job once
     for session in sessions:
         tree = root or Path(session).parent / "tree1"  # the copy the session mutated (scripts/mutation.sh)
         rows = [(*row, tree) for row in sqlite3.connect(session).execute(RUN).fetchall()]
         for row in rows:
+            if row[6] in seen:
+                continue
+            seen.add(row[6])
             counts = by_module.setdefault(row[0], dict(run=0, killed=0, equivalent=0, unexplained=0, pending=0))
             counts["run"] += 1
             if row[3].lower() in ("killed", "incompetent"):  # incompetent: the tests could not even run
@@ -95,16 +101,18 @@ def report(sessions: list[str], target: float, seconds: float | None, equivalent
             elif row[3].lower() == "survived":
                 counts["unexplained"] += 1
                 unexplained.append(row)
-        totals["pending"] += pending(session) + sqlite3.connect(session).execute(
-            "select count(*) from work_results where output = 'deferred'").fetchone()[0]
+        totals["pending"] += pending(session)
+        deferred |= {job for (job,) in sqlite3.connect(session).execute(
+            "select job_id from work_results where output = 'deferred'")}
     for module, counts in sorted(by_module.items()):
         score = counts["killed"] / max(counts["run"] - counts["equivalent"], 1)
         print(f"{module}: {counts['run']} mutants run, {counts['killed']} killed, {counts['equivalent']} survivors argued "
               f"equivalent, {counts['unexplained']} unexplained: {score:.1%}")
         for name in ("run", "killed", "equivalent", "unexplained"):
             totals[name] += counts[name]
+    totals["pending"] += len(deferred)
     score = totals["killed"] / max(totals["run"] - totals["equivalent"], 1)
-    for module, operator, row, _, diff, _, tree in unexplained:
+    for module, operator, row, _, diff, _, _, tree in unexplained:
         print(f"\nSURVIVED {module}:{row} {operator}\n  equivalent-file key: {'|'.join(key((module, operator, row, None, diff), tree))}"
               f"\n{diff or ''}".rstrip())
     when = f" in {seconds / 60:.1f} min" if seconds is not None else ""

@@ -33,6 +33,7 @@ def test_a_passing_case_records_each_ranks_share_and_errors_of_rounding_only():
     spec = result.case.spec
     # count split of three images over four ranks: one each on ranks 0-2, a placeholder (one patch) on rank 3
     assert _figures(result) == [(1, 0, p, p) for p in spec.row_patches] + [(0, 1, 0, 1)], result.summary()
+    assert all(type(n) is int for figures in _figures(result) for n in figures)  # counts, as the JSON report shows them
     for attr in ("out_err", "input_grad_err", "param_grad_err"):
         assert 0 <= result.max_err(attr) < ROUNDING, (attr, result.max_err(attr))
 
@@ -53,8 +54,9 @@ def test_a_failing_case_records_the_size_of_its_error_on_the_rank_it_is_on(mutan
     result = run_case(MATRIX["eight-equal-cp2-reference-count"].with_(mutant=mutant))
     assert result.verdict == "fail", result.summary()
     assert result.max_err(attr) > 1e-3, result.summary()
-    if attr == "out_err":  # the last rank's copy alone is rolled
+    if attr == "out_err":  # the last rank's copy alone is rolled, and the failure says how, in assert_close's words
         assert result.ranks[0].out_err < ROUNDING < result.ranks[1].out_err
+        assert any(f.startswith("rank 1: outputs: Tensor-likes are not close! (max abs error ") for f in result.failures)
 
 
 @pytest.mark.distributed
