@@ -105,8 +105,22 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize("vdpcp_case", [p for impl in impls for p in testing.params(impl, cps)])
 
 
+# Sessions open in this process. pytester's in-process runs open a session inside a test of another one, sharing
+# its pool: the warm workers go at the outermost session's end, not at each inner one's (each inner shutdown cost
+# the outer session a zygote restart with every preload, 7-15 s).
+_open_sessions = 0
+
+
+def pytest_sessionstart(session):
+    global _open_sessions
+    _open_sessions += 1
+
+
 def pytest_sessionfinish(session):
-    harness.shutdown()
+    global _open_sessions
+    _open_sessions = max(_open_sessions - 1, 0)
+    if _open_sessions == 0:
+        harness.shutdown()
 
 
 @pytest.fixture

@@ -16,6 +16,8 @@ from vdpcp.harness import pool as pool_module
 from vdpcp.harness import run_ranks, shutdown
 from vdpcp.harness.pool import WorkerPool
 
+pytest_plugins = ["pytester"]
+
 REPO = Path(__file__).resolve().parents[2]
 GONE_WITHIN_S = 10.0
 
@@ -48,13 +50,38 @@ def wait_until_gone(pids, within: float = GONE_WITHIN_S) -> list[int]:
     return [pid for pid in pids if alive(pid)]
 
 
-def test_shutdown_kills_every_worker_and_the_zygote():
+@pytest.fixture
+def own_shared_pool(monkeypatch):
+    """run_ranks's shared pool for this test alone, preloading nothing: what the test shuts down is its own, so the
+    session's pool (and its preloads, seconds to import again) outlives it."""
+    from vdpcp.harness import config
+    from vdpcp.harness import run as run_module
+
+    monkeypatch.setattr(run_module, "_pool", None)
+    with config.configured(preload=()):
+        yield
+        shutdown()
+
+
+def test_shutdown_kills_every_worker_and_the_zygote(own_shared_pool):
     pairs = run_ranks(worker_and_parent, 4)
     zygote = {parent for _, parent in pairs}
     assert len(zygote) == 1 and zygote != {os.getpid()}
     shutdown()
     assert wait_until_gone([pid for pid, _ in pairs] + list(zygote), within=0) == []
     assert len(run_ranks(worker_and_parent, 2)) == 2  # and the next case starts a new pool
+
+
+def test_a_pytest_session_run_inside_a_test_leaves_the_callers_workers_warm(pytester):
+    before = run_ranks(worker_and_parent, 2)  # the caller's workers and zygote, by pid
+    pytester.makepyfile(test_inner="""
+        from tests.harness.test_lifecycle import worker_and_parent
+
+        def test_it(run_ranks):
+            assert len(run_ranks(worker_and_parent, 2)) == 2
+    """)
+    pytester.runpytest().assert_outcomes(passed=1)  # in-process: its session ends inside this test
+    assert run_ranks(worker_and_parent, 2) == before
 
 
 # Each scenario runs in its own caller process: it prints its workers' and zygote's pids and its
