@@ -53,7 +53,7 @@ tests[oracle]="tests/unit/test_oracle_weights.py tests/distributed/test_oracle_f
   tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case
   tests/mutants/test_mutants.py::test_a_bug_on_one_non_zero_rank_fails_and_the_report_names_it
   tests/distributed/test_execution.py tests/distributed/test_low_precision.py
-  tests/unit/test_duck_parts.py::test_a_duck_whose_stated_plan_is_not_what_ran_fails"
+  tests/unit/test_duck_parts.py::test_a_duck_whose_stated_plan_is_not_what_ran_is_a_plan_mismatch tests/oracle"
 module[expectations]=vdpcp/expectations.py
 tests[expectations]="tests/unit/test_judge.py tests/distributed/test_scenarios.py"
 module[ab_judge]=vdpcp/ab/judge.py

@@ -134,12 +134,21 @@ def run_judged(case: Case, backend: str | None = None, timeout: float | None = N
 
 
 def preload_case_modules(impls=()) -> None:
-    """Have the rank zygote preload RANK_PRELOAD and the implementations' own preloads, unless a preload is
-    configured already. On GPUs too: measured on the H200, with torch's NVML-based CUDA check (which the zygote
-    sets) the only thread those imports leave is the CUDA driver's, and workers forked after it use CUDA, gloo and
-    NCCL; the zygote proves that at each start. A faulted case then costs +0.5 s there, not 8-14 s of re-imports
-    (reports/h200/issue20/README.md). Callers scope it (harness.config.configured)."""
+    """Have the rank zygote preload case_preload(impls), unless a preload is configured already. On GPUs too:
+    measured on the H200, with torch's NVML-based CUDA check (which the zygote sets) the only thread those imports
+    leave is the CUDA driver's, and workers forked after it use CUDA, gloo and NCCL; the zygote proves that at each
+    start. A faulted case then costs +0.5 s there, not 8-14 s of re-imports (reports/h200/issue20/README.md).
+    Callers scope it (harness.config.configured)."""
     if harness_config.default_preload():
         return
-    extra = [name for target in impls for name in resolve(target).preload]
-    harness.configure(preload=tuple(dict.fromkeys((*RANK_PRELOAD, *extra))))
+    harness.configure(preload=case_preload(impls))
+
+
+def case_preload(impls=()) -> tuple[str, ...]:
+    """RANK_PRELOAD, the implementations' own preloads, and vdpcp's own adapter modules among them (the
+    reference's tower, MCore's plan: a worker forked after a faulted case would import them in its first case,
+    0.17 s of a CP 8 case here). A user's module is preloaded only if it lists itself: it is theirs to say that
+    it starts no thread at import."""
+    resolved = [resolve(target) for target in impls]
+    own = [type(impl).__module__ for impl in resolved if type(impl).__module__.startswith("vdpcp.")]
+    return tuple(dict.fromkeys((*RANK_PRELOAD, *own, *(name for impl in resolved for name in impl.preload))))

@@ -69,10 +69,10 @@ def run(args) -> int:
 
 def case_modules() -> tuple[str, ...]:
     """What a vdpcp case imports on its ranks: exactly what runner.preload_case_modules would preload."""
-    from vdpcp.impls import BUILT_INS, resolve
-    from vdpcp.runner import RANK_PRELOAD
+    from vdpcp.impls import BUILT_INS
+    from vdpcp.runner import case_preload
 
-    return tuple(dict.fromkeys((*RANK_PRELOAD, *(m for impl in (*BUILT_INS, "qwen2_5_vl") for m in resolve(impl).preload))))
+    return case_preload((*BUILT_INS, "qwen2_5_vl"))
 
 
 def case_body(ctx, modules: tuple[str, ...], fault: str | None):

@@ -27,6 +27,9 @@ from vdpcp.harness.protocol import READY, Case, GroupSpec
 STARTUP_TIMEOUT_S = 120.0  # the zygote's torch import; forking a worker takes milliseconds
 FAULT_GRACE_S = 3.0  # default: after one rank fails, how long the others get to finish before their stacks are taken
 STACK_WAIT_S = 2.0
+# faulthandler writes a dump at once from its signal handler: two equal sizes this far apart say it is whole. Every
+# known-limit case (a rank raises, the rest wait in a collective) waits for two polls.
+STACK_POLL_S = 0.02
 SOUNDNESS_TIMEOUT_S = 5.0  # each step of the check after a raise: milliseconds, unless a group is stuck
 OUTPUT_TAIL_LINES = 30
 
@@ -190,7 +193,7 @@ def _stacks(workers: list[WorkerProcess]) -> dict[int, str]:
     deadline = time.monotonic() + STACK_WAIT_S
     sizes = None
     while workers and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(STACK_POLL_S)
         now = [len(w.read_stack()) for w in workers]
         if all(now) and now == sizes:
             break
