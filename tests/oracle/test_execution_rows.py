@@ -1,0 +1,95 @@
+"""What the oracle counts as a layer having run, and how much of a long failure it prints: the survivors of the
+mutation run of vdpcp/oracle.py (docs/mutation.md), each pinned by the behaviour it changed.
+
+- A layer's rows are its input's leading elements over one row's, whatever the rank of its input: a tower whose
+  first layer takes [batch, tokens, hidden] reads tokens, not hidden units; a 0-d input is no rows.
+- A layer called on zero rows did not run; only modules that hold parameters themselves are layers, not the
+  containers around them.
+- The ownership table is said once, by CP rank 0; a failure lists a fixed number of rows, layers or parameters
+  and says there are more.
+"""
+
+import pytest
+import torch
+
+from vdpcp import oracle
+from vdpcp.case import RankResult
+from vdpcp.harness import run_ranks
+from vdpcp.spec import MicrobatchSpec
+
+HIDDEN = 6
+
+
+def test_a_layer_on_batched_tokens_reads_its_tokens_not_its_hidden_units():
+    layer = torch.nn.Linear(HIDDEN, 3)
+    assert oracle.input_rows(layer, torch.zeros(1, 10, HIDDEN)) == 10
+    assert oracle.input_rows(layer, torch.zeros(2, 5, HIDDEN)) == 10
+    assert oracle.input_rows(layer, torch.zeros(10, HIDDEN)) == 10
+
+
+def test_a_scalar_input_is_no_rows():
+    assert oracle.input_rows(torch.nn.Linear(1, 1), torch.tensor(1.0)) == 0
+    assert oracle.input_rows(torch.nn.Linear(1, 1), None) == 0
+
+
+class Tower(torch.nn.Module):
+    """A block (a container with parameters below it) and a head called apart, as encode and project are."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = torch.nn.Sequential(torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, HIDDEN))
+        self.head = torch.nn.Linear(HIDDEN, 2)
+
+
+def test_a_layer_called_on_zero_rows_did_not_run():
+    tower = Tower()
+    ran = oracle.Execution(tower)
+    tower.block(torch.zeros(4, HIDDEN))
+    tower.head(torch.zeros(0, HIDDEN))
+    assert ran.rows == 4
+    assert ran.ran() == {"block.0", "block.2"}
+
+
+def test_layers_are_the_modules_holding_parameters_themselves_not_their_containers():
+    tower = Tower()
+    ran = oracle.Execution(tower)
+    tower.head(tower.block(torch.zeros(3, HIDDEN)))
+    assert ran.ran() == {"block.0", "block.2", "head"}
+    assert ran.first == "block.0" and ran.rows == 3
+
+
+def test_a_skipped_tower_lists_three_of_its_layers_and_parameters():
+    reference = torch.nn.Sequential(*(torch.nn.Linear(2, 2) for _ in range(5)))
+    model = torch.nn.Sequential(*(torch.nn.Linear(2, 2) for _ in range(5)))
+    reference_ran, ran = oracle.Execution(reference), oracle.Execution(model)
+    reference(torch.ones(1, 2)).sum().backward()  # every layer ran, every parameter has a gradient
+    result = RankResult(rank=3, cp_rank=1)
+    oracle._check_execution(result, reference_ran, ran, reference, model)
+    skipped, missing = result.failures
+    assert "(layers never run: 0, 1, 2); a rank with only placeholders" in skipped, skipped
+    assert "has no gradient for 10 parameter(s) the unsharded run gives one (0.weight, 0.bias, 1.weight)" in missing, missing
+
+
+def ownership_on_every_rank(ctx):
+    """Every rank's input gradient non-zero on all six rows: each row on both ranks, so six rows are wrong."""
+    spec = MicrobatchSpec(images=((4, 4),) * 6, name="six")
+    batch = spec.tensors()
+    grad = torch.ones_like(batch.patches)
+    read = torch.ones(ctx.world_size, 6, dtype=torch.bool)
+    result = RankResult(ctx.rank, cp_rank=ctx.rank)
+    oracle._check_ownership(result, batch, grad, grad, None, read, ctx.world_size, ctx.group, 0.0)
+    return result.failures
+
+
+@pytest.mark.distributed
+def test_the_ownership_table_is_said_once_by_cp_rank_0_and_lists_four_rows():
+    first, second = run_ranks(ownership_on_every_rank, 2, backend="gloo")
+    assert second == []
+    (said,) = first
+    assert said == ("input grads: an image's gradient must be non-zero on exactly its owner's rank: row 0 on ranks "
+                    "[0, 1]; row 1 on ranks [0, 1]; row 2 on ranks [0, 1]; row 3 on ranks [0, 1] ..."), said
+
+
+def test_a_long_list_in_a_message_names_four_and_counts_the_rest():
+    assert oracle._few([str(i) for i in range(6)]) == "0; 1; 2; 3 (and 2 more)"
+    assert oracle._few(["a", "b", "c", "d"]) == "a; b; c; d"
