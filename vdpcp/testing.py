@@ -46,22 +46,32 @@ def backend_for(case: Case) -> str:
         return "nccl"
 
 
+def matrix(impl: str, cps=scenarios.CP_SIZES, **filters) -> tuple[list[Case], list[scenarios.LeftOut]]:
+    """The matrix for one implementation (every scenario, layout and special row at ``cps``) as it runs here,
+    and the gradient cases a known limit stops on this machine's backend, left out once a case confirms it
+    (scenarios.confirm_once)."""
+    return scenarios.confirm_once(scenarios.matrix(cps=tuple(cps), impls=(impl,), **filters), backend_for)
+
+
 def cases(impl: str, cps=scenarios.CP_SIZES, **filters) -> list[Case]:
-    """The matrix for one implementation: every scenario, layout and special row at ``cps``."""
-    return scenarios.matrix(cps=tuple(cps), impls=(impl,), **filters)
+    return matrix(impl, cps, **filters)[0]
 
 
-def param(case: Case):
-    """The case as a pytest param named by its id, a strict xfail where a known limit applies here."""
+def param(case: Case, left_out: scenarios.LeftOut | None = None):
+    """The case as a pytest param named by its id, a strict xfail where a known limit applies here; the case that
+    confirms a limit for the cases left out says so in its reason."""
     import pytest
 
     limit = expectations.known_limit(case, backend_for(case))
-    marks = [pytest.mark.xfail(strict=True, raises=KnownUpstreamLimit, reason=limit.reason)] if limit else []
+    reason = limit.reason + (f" ({left_out.line()})" if left_out else "") if limit else ""
+    marks = [pytest.mark.xfail(strict=True, raises=KnownUpstreamLimit, reason=reason)] if limit else []
     return pytest.param(case, id=case.id, marks=marks)
 
 
 def params(impl: str, cps=scenarios.CP_SIZES, **filters) -> list:
-    return [param(case) for case in cases(impl, cps, **filters)]
+    kept, left_out = matrix(impl, cps, **filters)
+    confirming = {group.confirmed_by: group for group in left_out}
+    return [param(case, confirming.get(case.id)) for case in kept]
 
 
 def assert_case(case: Case) -> None:

@@ -36,7 +36,8 @@ def test_an_expected_xfail_passes_the_check_and_is_a_skipped_junit_case(tmp_path
     assert code == 0, out
     assert "xfail" in out
     skipped = ET.parse(tmp_path / "r.xml").getroot().findall("testcase/skipped")
-    assert len(skipped) == 2 and "gloo-gather-backward" in skipped[0].get("message")
+    # one: the zigzag case of the same limit is left out once this one confirms it (scenarios.confirm_once)
+    assert len(skipped) == 1 and "gloo-gather-backward" in skipped[0].get("message")
 
 
 def test_an_in_process_check_leaves_the_session_backend_as_it_was(tmp_path, capsys):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import io
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from vdpcp.cli import DTYPES, IMPL_HELP, LOSSES, SPLITS, UsageError, add_budget_option, add_run_options, checked_impls, checked_splits
@@ -102,6 +103,7 @@ def main(args) -> int:
 
     progress.checked_maxfail(args.maxfail)  # a bad value is a usage error before anything runs
     cases, table = select(args)
+    cases, left_out = scenarios.confirm_once(cases, lambda case: _backend(args.backend, case.world_size))
     if args.list:
         print("\n".join(case.id for case in cases))
         return 0
@@ -118,7 +120,7 @@ def main(args) -> int:
     def write_reports(state: dict) -> None:  # after every case: a killed job leaves what it finished
         if args.json:
             report.write_json(args.json, "check", [report.check_record(r) for r in rows], backend=_label(rows),
-                              finished=len(rows), **state)
+                              finished=len(rows), left_out=[asdict(group) for group in left_out], **state)
         if args.junit_xml:
             report.write_junit(args.junit_xml, "vdpcp check", [report.check_junit(r) for r in rows])
 
@@ -137,9 +139,22 @@ def main(args) -> int:
     out = report.console()
     out.print(report.check_table(rows, _label(rows)))
     out.print(report.check_summary(rows) + run.summary())
+    for group in left_out:
+        out.print(group.line())
     if run.stopped or run.signal_code is not None:
         return run.exit_code(all(r.verdict in PASSING for r in rows))
     return exit_code([r.verdict for r in rows])
+
+
+def _backend(requested: str | None, world_size: int) -> str:
+    """The backend a case of this size will run on; NCCL forced without the GPUs is a usage error later."""
+    from vdpcp.harness import BackendUnavailable
+    from vdpcp.harness.config import resolve_backend
+
+    try:
+        return resolve_backend(requested, world_size)
+    except BackendUnavailable:
+        return "nccl"
 
 
 def _label(rows) -> str:
