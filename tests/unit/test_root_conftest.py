@@ -20,6 +20,24 @@ def test_the_plugin_is_registered_once_and_the_root_conftest_is_loaded(request):
     assert request.getfixturevalue("run_ranks") is not None  # the plugin's fixture is there
 
 
+def test_pytest_n_schedules_by_work_stealing_unless_another_dist_is_asked_for(request):
+    from xdist.scheduler import WorkStealingScheduling
+
+    (root,) = [p for p in request.config.pluginmanager.get_plugins() if getattr(p, "__file__", None) == str(ROOT / "conftest.py")]
+
+    class Asked:  # what xdist's controller reads of its config to build a scheduler
+        def __init__(self, dist):
+            self.option = type("Options", (), {"dist": dist, "tx": ["2*popen"]})()  # as -n 2 sets it
+
+        def getoption(self, name):
+            return getattr(self.option, name)
+
+        getvalue = getoption
+
+    assert isinstance(root.pytest_xdist_make_scheduler(Asked("load"), None), WorkStealingScheduling)
+    assert root.pytest_xdist_make_scheduler(Asked("loadfile"), None) is None  # xdist's own, as asked
+
+
 def test_this_checkout_is_what_runs_here_and_first_for_subprocesses():
     assert Path(vdpcp.__file__).resolve().parent.parent == ROOT
     assert os.environ["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
