@@ -7,7 +7,9 @@
 #   PHASE=A: the GPU job and CP=1 on NCCL again (after the zygote learned to tolerate the CUDA driver's thread), the
 #            gloo-on-CUDA matrix (every rank's tensors on the one GPU) in bf16 at CP 2 and 4 for the built-ins, and
 #            vdpcp bench faults; PHASE=B: the same bf16 matrix for the third-party subjects. Each with its wall time;
-#            the per-case lines give each case's seconds, so a faulted case's cost over a passing one.
+#            the per-case lines give each case's seconds, so a faulted case's cost over a passing one. PHASE=C (a later
+#            session): the GPU job, CP=1 on NCCL and the built-ins' bf16 matrix once MCore's groups (NCCL's too) are
+#            destroyed after each case and a gloo limit of the backward is confirmed once per CP size.
 # Writes under $OUT; prints a summary line per step.
 set -u
 PHASE=${PHASE:-1}
