@@ -30,8 +30,7 @@ import sys
 
 from vdpcp import expectations, scenarios
 from vdpcp.case import Case
-from vdpcp.harness import BackendUnavailable
-from vdpcp.harness.config import resolve_backend
+from vdpcp.harness.config import planned_backend
 
 
 class KnownUpstreamLimit(AssertionError):
@@ -40,10 +39,7 @@ class KnownUpstreamLimit(AssertionError):
 
 def backend_for(case: Case) -> str:
     """The backend the harness picks for this case here; forced NCCL without GPUs skips, so call it nccl."""
-    try:
-        return resolve_backend(None, case.world_size)
-    except BackendUnavailable:
-        return "nccl"
+    return planned_backend(None, case.world_size)
 
 
 def matrix(impl: str, cps=scenarios.CP_SIZES, **filters) -> tuple[list[Case], list[scenarios.LeftOut]]:

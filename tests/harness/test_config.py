@@ -23,6 +23,15 @@ def gpus(monkeypatch, count):
     monkeypatch.setattr(config, "cuda_device_count", lambda: count)
 
 
+def test_a_case_is_planned_for_the_backend_it_will_run_on_and_forced_nccl_stays_nccl(monkeypatch):
+    gpus(monkeypatch, 2)
+    assert [config.planned_backend("auto", n) for n in (2, 4)] == ["nccl", "gloo"]
+    assert config.planned_backend("gloo", 2) == "gloo"
+    assert config.planned_backend("nccl", 4) == "nccl"  # running it raises BackendUnavailable; planning it does not
+    with pytest.raises(BackendUnavailable):
+        config.resolve_backend("nccl", 4)
+
+
 def test_auto_takes_nccl_only_with_a_gpu_per_rank(monkeypatch):
     gpus(monkeypatch, 2)
     assert [config.resolve_backend("auto", n) for n in (1, 2, 4)] == ["nccl", "nccl", "gloo"]

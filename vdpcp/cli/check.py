@@ -98,12 +98,12 @@ def main(args) -> int:
     from vdpcp import progress, report, scenarios
     from vdpcp.expectations import PASSING
     from vdpcp.harness import BackendUnavailable
-    from vdpcp.harness.config import configure, resolve_backend
+    from vdpcp.harness.config import configure, planned_backend, resolve_backend
     from vdpcp.runner import preload_case_modules, run_judged
 
     progress.checked_maxfail(args.maxfail)  # a bad value is a usage error before anything runs
     cases, table = select(args)
-    cases, left_out = scenarios.confirm_once(cases, lambda case: _backend(args.backend, case.world_size))
+    cases, left_out = scenarios.confirm_once(cases, lambda case: planned_backend(args.backend, case.world_size))
     if args.list:
         print("\n".join(case.id for case in cases))
         return 0
@@ -144,17 +144,6 @@ def main(args) -> int:
     if run.stopped or run.signal_code is not None:
         return run.exit_code(all(r.verdict in PASSING for r in rows))
     return exit_code([r.verdict for r in rows])
-
-
-def _backend(requested: str | None, world_size: int) -> str:
-    """The backend a case of this size will run on; NCCL forced without the GPUs is a usage error later."""
-    from vdpcp.harness import BackendUnavailable
-    from vdpcp.harness.config import resolve_backend
-
-    try:
-        return resolve_backend(requested, world_size)
-    except BackendUnavailable:
-        return "nccl"
 
 
 def _label(rows) -> str:

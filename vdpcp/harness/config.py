@@ -91,6 +91,15 @@ def resolve_backend(requested: str | None, ranks_per_host: int) -> str:
     return "gloo"
 
 
+def planned_backend(requested: str | None, ranks_per_host: int) -> str:
+    """The backend a case of this size is planned for: resolve_backend's, and "nccl" where NCCL is forced without
+    the GPUs (running it raises BackendUnavailable; planning it must not)."""
+    try:
+        return resolve_backend(requested, ranks_per_host)
+    except BackendUnavailable:
+        return "nccl"
+
+
 @functools.cache
 def cuda_device_count() -> int:
     import torch  # only here: choosing gloo never pays for importing torch in the caller
