@@ -533,6 +533,15 @@ def _cp_rank(group) -> int:
     return dist.get_rank(group)
 
 
+def _roll_on_last_rank(outputs, name: str, group):
+    """The last CP rank's copy of output ``name`` off by one row (a rank-local indexing bug); other ranks untouched."""
+    import torch.distributed as dist
+
+    if _cp_rank(group) == dist.get_world_size(group) - 1 and outputs[name].shape[0] > 1:
+        outputs[name] = outputs[name].roll(1, 0)
+    return outputs
+
+
 @generic(
     "features-rolled-on-last-rank",
     "the last CP rank's copy of the gathered features is off by one row (a rank-local indexing bug): every "
@@ -540,13 +549,8 @@ def _cp_rank(group) -> int:
     kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count"),
 )
 def _features_rolled_on_last_rank(impl):
-    import torch.distributed as dist
-
     def change(outputs, config, group):
-        features = outputs[MAIN_OUTPUT]
-        if _cp_rank(group) == dist.get_world_size(group) - 1 and features.shape[0] > 1:
-            outputs[MAIN_OUTPUT] = features.roll(1, 0)
-        return outputs
+        return _roll_on_last_rank(outputs, MAIN_OUTPUT, group)
 
     return _Wrapped(impl, change)
 
@@ -558,17 +562,12 @@ def _features_rolled_on_last_rank(impl):
     kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count"),
 )
 def _secondary_output_rolled_on_last_rank(impl):
-    import torch.distributed as dist
-
     def change(outputs, config, group):
         secondary = [name for name in outputs if name != MAIN_OUTPUT]
         if not secondary:
             raise MutantDoesNotApply(f"{NOT_APPLICABLE}: {impl.name} returns one output, so it has no second one to "
                                      f"get wrong")
-        last = secondary[-1]
-        if _cp_rank(group) == dist.get_world_size(group) - 1 and outputs[last].shape[0] > 1:
-            outputs[last] = outputs[last].roll(1, 0)
-        return outputs
+        return _roll_on_last_rank(outputs, secondary[-1], group)
 
     return _Wrapped(impl, change)
 
