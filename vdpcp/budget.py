@@ -213,10 +213,12 @@ def toy_arm_bytes(case, units) -> int:
 
 
 def toy_params(case) -> int:
-    """Parameters of the toy tower + projector (vdpcp.model.VisionModel), counted from its config."""
+    """Parameters of the toy tower + projector (vdpcp.model.VisionModel) as a case builds it, counted from its config."""
+    from vdpcp.model import positions_needed
+
     c = _tower(case)
     h, lm, inp = c["hidden"], c["lm_hidden"], case.spec.temporal_patch_size * CHANNELS * case.spec.patch_dim**2
-    embed = inp * h + h + c["max_grid"] ** 2 * h
+    embed = inp * h + h + min(positions_needed(case.spec.grids), c["max_grid"]) ** 2 * h
     block = 2 * h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (4 * h * h + 4 * h) + (4 * h * h + h)
     projector = 8 * h + (4 * h * lm + lm) + (lm * lm + lm)
     return embed + c["layers"] * block + 2 * h + projector

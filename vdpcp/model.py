@@ -29,6 +29,10 @@ class TowerConfig:
     heads: int = 2
     layers: int = 2
     max_grid: int = 64  # positions per grid axis
+    # Positions kept per axis (None: max_grid). The whole max_grid table is drawn either way, so every weight is
+    # the same whatever is kept; a case keeps what its microbatch needs (Implementation.build_model): the rest was
+    # 131k of the tiny tower's 167k parameters, copied, all-reduced and compared in every case for nothing.
+    positions: int | None = None
     lm_hidden: int = 48  # the projector's output: the language model's hidden size
     pad_odd_grids: bool = True  # False reproduces the pixel-shuffle crash on placeholder microbatches
     seed: int = 0
@@ -77,7 +81,10 @@ class VisionModel(nn.Module):
 
     def _build(self, c: TowerConfig) -> None:
         self.embed = nn.Linear(c.temporal_patch_size * 3 * c.patch_dim**2, c.hidden)
-        self.pos = nn.Parameter(0.02 * torch.randn(c.max_grid, c.max_grid, c.hidden))
+        kept = c.max_grid if c.positions is None else min(c.positions, c.max_grid)
+        if kept < 1:
+            raise ValueError(f"TowerConfig.positions is {c.positions}; expected at least 1")
+        self.pos = nn.Parameter((0.02 * torch.randn(c.max_grid, c.max_grid, c.hidden))[:kept, :kept].clone())
         self.blocks = nn.ModuleList(Block(c.hidden, c.heads) for _ in range(c.layers))
         self.norm = nn.LayerNorm(c.hidden)
         self.projector = nn.Sequential(
@@ -91,6 +98,11 @@ class VisionModel(nn.Module):
         """Packed patches [1, N, 3*P*P] -> pixel-shuffled features [tokens, 4*hidden], images in order."""
         grids = [(int(h) // self.config.patch_dim, int(w) // self.config.patch_dim) for h, w in _pairs(imgs_sizes)]
         units, unit_grids = self._tubelets(patches[0], grids, num_frames)
+        kept = self.pos.shape[0]
+        too_large = [grid for grid in unit_grids if max(grid) > kept]
+        if too_large:
+            raise ValueError(f"a {too_large[0][0]}x{too_large[0][1]} patch grid is larger than the tower's position "
+                             f"table ({kept}x{kept} patches: TowerConfig.positions / max_grid)")
         embedded = [self.embed(u) + self.pos[:gh, :gw].reshape(gh * gw, -1) for u, (gh, gw) in zip(units, unit_grids)]
         x = torch.cat(embedded) if embedded else patches.new_zeros(0, self.config.hidden)
         seqlens = [gh * gw for gh, gw in unit_grids]
@@ -125,6 +137,11 @@ class VisionModel(nn.Module):
                 unit_grids.append(grids[row + k])
             row += n
         return units, unit_grids
+
+
+def positions_needed(grids) -> int:
+    """Positions per grid axis a microbatch's (gh, gw) patch grids need (at least 1)."""
+    return max((side for grid in grids for side in grid), default=1)
 
 
 def pad_patch_grid_to_even(grid: torch.Tensor) -> torch.Tensor:

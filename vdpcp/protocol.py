@@ -168,10 +168,11 @@ class Implementation:
     media: MediaAxes = MediaAxes()
 
     def build_model(self, case, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
-        from vdpcp.model import TOWERS, TowerConfig, VisionModel
+        from vdpcp.model import TOWERS, TowerConfig, VisionModel, positions_needed
 
         tower = TowerConfig(patch_dim=case.spec.patch_dim, temporal_patch_size=case.spec.temporal_patch_size,
-                            pad_odd_grids=case.even_pad, seed=case.spec.seed, **TOWERS[case.tower])
+                            pad_odd_grids=case.even_pad, seed=case.spec.seed, positions=positions_needed(case.spec.grids),
+                            **TOWERS[case.tower])
         return VisionModel(tower).to(device=device, dtype=dtype)
 
     def subject_model(self, reference, case, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:

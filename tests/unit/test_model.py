@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from vdpcp.model import TowerConfig, VisionModel, output_tokens, pad_patch_grid_to_even, pixel_shuffle
+from vdpcp.model import TowerConfig, VisionModel, output_tokens, pad_patch_grid_to_even, pixel_shuffle, positions_needed
 from vdpcp.spec import MicrobatchSpec
 
 P = 4
@@ -141,3 +141,28 @@ def test_empty_microbatch_yields_empty_features(T):
     batch = spec.tensors()
     assert _encode(model, spec).shape == (0, 4 * model.config.hidden)
     assert model(batch.patches, batch.imgs_sizes, spec.num_frames).shape == (0, model.config.lm_hidden)
+
+
+def test_a_tower_keeping_fewer_positions_has_every_weight_of_the_whole_one_and_encodes_alike():
+    spec = MicrobatchSpec(images=tuple(map(tuple, STILLS)), patch_dim=P)
+    kept = positions_needed(spec.grids)
+    whole, small = _model(), _model(positions=kept)
+    assert kept == 5 and small.pos.shape == (kept, kept, whole.config.hidden)
+    small_params = dict(small.named_parameters())
+    for name, p in whole.named_parameters():
+        assert torch.equal(small_params[name], p[:kept, :kept] if name == "pos" else p), name
+    assert torch.equal(_encode(small, spec), _encode(whole, spec))
+
+
+def test_a_grid_larger_than_the_kept_positions_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"a 3x5 patch grid is larger than the tower's position table \(4x4 patches"):
+        _encode(_model(positions=4), MicrobatchSpec(images=((12, 20),), patch_dim=P))
+
+
+def test_a_case_keeps_the_positions_its_microbatch_needs():
+    from vdpcp.case import Case
+    from vdpcp.impls import resolve
+
+    spec = MicrobatchSpec(images=((8, 24), (4, 4)), patch_dim=P)
+    model = resolve("reference").build_model(Case(spec, 2, "reference"), torch.float64, torch.device("cpu"))
+    assert model.pos.shape[:2] == (6, 6)
