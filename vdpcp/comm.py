@@ -52,6 +52,13 @@ def _own_rows(ctx, grad: torch.Tensor) -> torch.Tensor:
 def all_reduce_sum(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """Sum a tensor over ranks (out of place), accumulating in float64 and rounding once to its dtype, as a
     trainer reduces low-precision gradients into float32 main grads; used to check summed gradients."""
-    out = tensor.detach().to(torch.float64, copy=True)  # never in place: a float64 input would be reduced itself
-    dist.all_reduce(out, group=group)
-    return out.to(tensor.dtype)
+    return all_reduce_sums([tensor], group)[0]
+
+
+def all_reduce_sums(tensors: list[torch.Tensor], group=None) -> list[torch.Tensor]:
+    """all_reduce_sum of each tensor (on one device), in one collective: on gloo a collective costs a rank about
+    the same whatever its size once ranks outnumber cores (8 ranks on 2 cores: 4.0 ms of CPU a rank for 100
+    elements, 5.1 ms for 167k), so sums taken at the same point go together."""
+    flat = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors])  # a copy: never reduced in place
+    dist.all_reduce(flat, group=group)
+    return [part.view(t.shape).to(t.dtype) for part, t in zip(flat.split([t.numel() for t in tensors]), tensors)]

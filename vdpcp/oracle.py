@@ -121,12 +121,14 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
     rank_loss(out, weights, cp_rank).backward()
 
     grad, ref_grad = _grad(batch.patches), _grad(ref_batch.patches)
-    summed = comm.all_reduce_sum(grad, cp_group)
+    owned = config.shard_vision and not replicated_run  # the same on every rank: read is every rank's table
+    # Every sum over ranks taken here, in one collective (comm.all_reduce_sums says why).
+    summed, summed_params, *holders = comm.all_reduce_sums(
+        [grad, _flat_grads(model)] + ([_holding(batch, grad, case.cp, cp_rank)] if owned else []), cp_group)
     result.input_grad_err = _compare(result, "input grads (summed over ranks)", summed, ref_grad, slack=rounding.input)
-    if config.shard_vision and not replicated_run:
-        _check_ownership(result, batch, grad, ref_grad, plan, read, case.cp, cp_group, rounding.input)
+    if owned:
+        _check_ownership(result, batch, grad, ref_grad, plan, read, holders[0], rounding.input)
         _check_execution(result, reference_ran, ran, reference, model)
-    summed_params = comm.all_reduce_sum(_flat_grads(model), cp_group)
     result.param_grad_err = _compare(result, "param grads (summed over ranks)", summed_params,
                                      held(_grads(reference)), slack=rounding.params)
     if expected_rank_params is not None and replicated_run == (not sharded):
@@ -319,15 +321,21 @@ def _few(items: list[str], n: int = 4) -> str:
     return "; ".join(items[:n]) + (f" (and {len(items) - n} more)" if len(items) > n else "")
 
 
-def _check_ownership(result, batch, grad, ref_grad, plan, read, cp: int, cp_group, slack: float) -> None:
-    """Every image row's gradient is non-zero on exactly one rank, its owner (the plan's, or the one rank whose
-    tower read it), and equals the unsharded one there."""
+def _holding(batch, grad, cp: int, cp_rank: int) -> torch.Tensor:
+    """[CP ranks, rows]: 1 in this rank's line where its input gradient for a microbatch row is non-zero (summed
+    over ranks, which ranks hold each row's gradient)."""
     cu = [int(c) for c in batch.cu_seqlens]
-    rows = len(cu) - 1
-    nonzero = torch.zeros(cp, rows, dtype=torch.float64, device=grad.device)
-    for row in range(rows):
-        nonzero[result.cp_rank, row] = float(bool(grad[:, cu[row] : cu[row + 1]].any()))
-    holders = comm.all_reduce_sum(nonzero, cp_group)
+    nonzero = torch.zeros(cp, len(cu) - 1, dtype=torch.float64, device=grad.device)
+    for row in range(len(cu) - 1):
+        nonzero[cp_rank, row] = float(bool(grad[:, cu[row] : cu[row + 1]].any()))
+    return nonzero
+
+
+def _check_ownership(result, batch, grad, ref_grad, plan, read, holders, slack: float) -> None:
+    """Every image row's gradient is non-zero on exactly one rank, its owner (the plan's, or the one rank whose
+    tower read it), and equals the unsharded one there. ``holders``: _holding summed over the CP ranks."""
+    cu = [int(c) for c in batch.cu_seqlens]
+    rows, cp = len(cu) - 1, holders.shape[0]
     wrong = []
     for row in range(rows):
         ranks = [r for r in range(cp) if holders[r, row] > 0]

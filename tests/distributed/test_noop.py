@@ -2,7 +2,7 @@
 is the unsharded one exactly (the same computation, so the outputs are bitwise equal).
 
 Counting is done in the ranks by wrapping torch.distributed's collectives; the checker's own sums
-(vdpcp.comm.all_reduce_sum) and MCore's group set-up are not the encoder path and are left uncounted.
+(vdpcp.comm.all_reduce_sums) and MCore's group set-up are not the encoder path and are left uncounted.
 A sharded case is the control: the same counter must see its gather.
 """
 
@@ -54,7 +54,7 @@ class CollectiveCounter:
     def installed(self):
         originals = [(module, name, getattr(module, name)) for module in (dist, c10d) for name in COLLECTIVES
                      if hasattr(module, name)]
-        originals += [(comm, "all_reduce_sum", comm.all_reduce_sum), (mcore, "ensure_parallel_state", mcore.ensure_parallel_state)]
+        originals += [(comm, "all_reduce_sums", comm.all_reduce_sums), (mcore, "ensure_parallel_state", mcore.ensure_parallel_state)]
         try:
             for module, name, fn in originals[:-2]:
                 setattr(module, name, self.counting(name, fn))

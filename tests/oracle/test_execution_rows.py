@@ -12,7 +12,7 @@ mutation run of vdpcp/oracle.py (docs/mutation.md), each pinned by the behaviour
 import pytest
 import torch
 
-from vdpcp import oracle
+from vdpcp import comm, oracle
 from vdpcp.case import RankResult
 from vdpcp.harness import run_ranks
 from vdpcp.spec import MicrobatchSpec
@@ -77,7 +77,8 @@ def ownership_on_every_rank(ctx):
     grad = torch.ones_like(batch.patches)
     read = torch.ones(ctx.world_size, 6, dtype=torch.bool)
     result = RankResult(ctx.rank, cp_rank=ctx.rank)
-    oracle._check_ownership(result, batch, grad, grad, None, read, ctx.world_size, ctx.group, 0.0)
+    holders = comm.all_reduce_sum(oracle._holding(batch, grad, ctx.world_size, ctx.rank), ctx.group)
+    oracle._check_ownership(result, batch, grad, grad, None, read, holders, 0.0)
     return result.failures
 
 
