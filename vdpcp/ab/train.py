@@ -10,7 +10,7 @@ allocated memory (reset per arm) and step times; at the end the arms' final para
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -22,6 +22,7 @@ from vdpcp.ab.stream import Draw, schedule, text
 from vdpcp.case import Case
 from vdpcp.impls import resolve
 from vdpcp.layout import zigzag_positions
+from vdpcp.model import positions_needed
 from vdpcp.oracle import DTYPES
 from vdpcp.sharded import VisionDPConfig
 
@@ -49,8 +50,7 @@ class Run:
 def ab_ranks(ctx, run: Run) -> dict:
     """Both arms on this rank: their per-step records and how far apart their final parameters are."""
     impl, dtype, draws = resolve(run.impl), DTYPES[run.dtype], run.schedule()
-    case = Case(draws[0][0].spec, run.cp, impl=run.impl, dtype=run.dtype, tower=run.tower)
-    model = _build(impl, case, draws, dtype, ctx)
+    model = _build(impl, _build_case(run, draws), draws, dtype, ctx)
     initial = {name: value.detach().cpu().clone() for name, value in model.state_dict().items()}
     arms, finals = {}, {}
     for arm in ARMS:
@@ -68,6 +68,14 @@ def _parts(model: vlm.VLM) -> dict[str, tuple[int, int]]:
     """The vision (tower + projector) and LM parameters' places in the model's parameter order."""
     vision = sum(1 for p in model.vision.parameters() if p.requires_grad)
     return {"vision": (0, vision), "lm": (vision, sum(1 for p in model.parameters() if p.requires_grad))}
+
+
+def _build_case(run: Run, draws) -> Case:
+    """The case the model is built for: the first microbatch's seed (so its weights), the widest microbatch's grids
+    (a case's tower keeps the positions its microbatch needs, and one model trains on every draw)."""
+    widest = max((d.spec for step in draws for d in step), key=lambda spec: positions_needed(spec.grids))
+    spec = replace(widest, seed=draws[0][0].spec.seed)
+    return Case(spec, run.cp, impl=run.impl, dtype=run.dtype, tower=run.tower)
 
 
 def _build(impl, case: Case, draws, dtype, ctx) -> vlm.VLM:
