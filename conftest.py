@@ -13,10 +13,6 @@
   on one, so running its CP 8 cases side by side costs CPU. Whole suite on a fresh clone, two runs each: 284 and
   291 s with ``load``, 259 and 291 s with work stealing, within this machine's run-to-run spread. ``--dist``
   other than load is left as asked.
-- One xdist worker more than cores for ``pytest -n auto``: the suite's tests also wait (for subprocesses to start
-  and die, for a hung rank's timeout, for gloo peers), so two workers on this 2-core machine kept its cores 88%
-  busy. Whole suite on a fresh clone: 317 and 337 s with 2 workers, 270 s with 3, 280 s with 4 (largest process
-  0.98 GB). ``PYTEST_XDIST_AUTO_NUM_WORKERS`` is left to xdist, and ``-n N`` is never changed.
 - vdpcp's pytest plugin exactly once: the pytest11 entry point registers it where vdpcp is installed; a checkout
   that never was (PYTHONPATH only) or ``PYTEST_DISABLE_PLUGIN_AUTOLOAD`` gets it registered here, never twice
   (registering it again under another name is the error pytest raised when this file listed it in
@@ -61,12 +57,3 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import WorkStealingScheduling
 
     return WorkStealingScheduling(config, log)
-
-
-@pytest.hookimpl(optionalhook=True, tryfirst=True)  # only where pytest-xdist is installed
-def pytest_xdist_auto_num_workers(config):
-    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
-        return None  # a count asked for exactly: xdist's own hook honours it
-    from xdist.plugin import pytest_xdist_auto_num_workers as xdists_own
-
-    return xdists_own(config) + 1

@@ -62,14 +62,3 @@ def test_another_checkouts_vdpcp_is_a_usage_error_naming_both(tmp_path):
     ran = _pytest(tmp_path, str(ROOT / THIS), PYTHONPATH=str(other))
     assert ran.returncode == 4, ran.stdout + ran.stderr  # pytest's usage error
     assert f"vdpcp is imported from {other}, not from this checkout {ROOT}" in ran.stdout + ran.stderr
-
-
-def test_pytest_n_auto_starts_one_worker_more_than_xdist_would_unless_a_count_is_set(request, monkeypatch):
-    from xdist.plugin import pytest_xdist_auto_num_workers as xdists_own
-
-    (root,) = [p for p in request.config.pluginmanager.get_plugins() if getattr(p, "__file__", None) == str(ROOT / "conftest.py")]
-    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
-    assert root.pytest_xdist_auto_num_workers(request.config) == xdists_own(request.config) + 1
-    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "5")
-    assert root.pytest_xdist_auto_num_workers(request.config) is None  # left to xdist, which takes the 5
-    assert request.config.hook.pytest_xdist_auto_num_workers(config=request.config) == 5
