@@ -6,17 +6,17 @@ stays fast; `vdpcp mutants` falls back to the whole matrix for a survivor.
 
 import pytest
 
-from vdpcp import scenarios
+from vdpcp import scenarios, tensor_parallel
 from vdpcp.expectations import known_limit
+from vdpcp.harness import RankFailure, run_ranks
 from vdpcp.hunt import hunt
 from vdpcp.mutants import MUTANTS
-from vdpcp.runner import run_case
-from vdpcp.tensor_parallel import TP_WAIT_S
+from vdpcp.runner import rank_body, run_case
 from vdpcp.testing import backend_for
 
 MATRIX = {case.id: case for case in scenarios.matrix()}
 NAMES = sorted(MUTANTS)
-# Killed, and named, by its own test below (it waits out the TP all-reduce's timeout: once is enough).
+# Killed, and named, by its own test below (it waits out a TP all-reduce's timeout, shortened there: once is enough).
 # The secondary-output mutant needs a second output, which the reference does not have: its own tests below.
 HUNTED = [name for name in NAMES if name not in ("tp-peer-skips-placeholder-tower", "secondary-output-rolled-on-last-rank")]
 
@@ -63,15 +63,29 @@ def test_outputs_wrong_on_the_last_rank_alone_fail_the_case():
     assert [f.split(":")[0] for f in result.failures] == ["rank 1"], result.summary()
 
 
+SHORT_TP_WAIT_S = 2.0  # the wait itself is what is tested, not its length: the shipped 10 s would idle a worker
+
+
+def with_a_short_tp_wait(ctx, case):
+    """The case's rank body, its TP all-reduces giving up after SHORT_TP_WAIT_S."""
+    waited = tensor_parallel.TP_WAIT_S
+    tensor_parallel.TP_WAIT_S = SHORT_TP_WAIT_S
+    try:
+        return rank_body(ctx, case)
+    finally:
+        tensor_parallel.TP_WAIT_S = waited
+
+
 @pytest.mark.distributed
 def test_a_rank_that_skips_its_tensor_parallel_tower_is_named_not_hung():
-    result = run_case(MATRIX["three-images-cp4-tp2-reference-count"].with_(mutant="tp-peer-skips-placeholder-tower"),
-                      timeout=60)
-    headline = result.error.splitlines()[0]
-    assert result.verdict == "error" and "timeout" not in headline, result.error  # named within the case timeout
+    case = MATRIX["three-images-cp4-tp2-reference-count"].with_(mutant="tp-peer-skips-placeholder-tower")
+    with pytest.raises(RankFailure) as failure:
+        run_ranks(with_a_short_tp_wait, case.world_size, case, backend=backend_for(case), timeout=60)
+    headline = str(failure.value).splitlines()[0]
+    assert "timeout" not in headline, failure.value  # named within the case timeout
     # the first rank to give up is the skipper's TP peer, and every other rank's report points at it
     assert ("rank 6 raised vdpcp.tensor_parallel.TPPeerMissing: rank 6: TP MLP of block 0 all-reduce waited "
-            f"{TP_WAIT_S:g} s: TP peer rank(s) [7] never entered it") in headline, headline
+            f"{SHORT_TP_WAIT_S:g} s: TP peer rank(s) [7] never entered it") in headline, headline
 
 
 @pytest.mark.distributed
