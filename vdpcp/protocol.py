@@ -8,7 +8,8 @@ An implementation is an object (subclass ``Implementation``, or any object with 
 
 - which model is under test: ``build_model(case, dtype, device)`` returns the vision tower + projector for a
   case's microbatch. The SAME model (two instances with equal weights) runs unsharded as the reference and
-  sharded as the subject, so vdpcp's own toy tower is only the default;
+  sharded as the subject, so vdpcp's own toy tower is only the default (which keeps the learned positions that
+  case's microbatch needs, so it encodes that microbatch and any of its grid sizes or smaller);
 - how vdpcp's microbatch (``vdpcp.spec.Microbatch``: ``patches`` [1, total patches, 3*P*P], ``imgs_sizes``,
   ``cu_seqlens``, and its ``spec``) becomes that model's input: ``inputs(batch)``, differentiably (the input
   gradients vdpcp checks are those of ``batch.patches``, and what each rank's tower really read is found

@@ -153,6 +153,7 @@ class RoundsApart(Reference):
 
 
 # float32's rtol for gradients as vectors is 1.3e-6; the reference's float32 unsharded run is about 3.4e-7 from
-# float64 on these microbatches, so the slack is about 6.7e-7 (tests/oracle/test_rounding.py measures it).
+# float64 on three-images, so the slack the oracle measures there is about 6.7e-7 (its failure message prints half
+# of it): 1.6e-6 apart is within rtol + slack, 2.3e-6 beyond (tests/oracle/test_rounding.py).
 within_the_slack = RoundsApart(1.6e-6)
 beyond_the_slack = RoundsApart(2.3e-6)
