@@ -527,6 +527,23 @@ class MutantDoesNotApply(RuntimeError):
 NOT_APPLICABLE = "mutant does not apply"
 
 
+def gradient_changed(tensor, change: Callable):
+    """``tensor`` as it is going forward; its gradient handed back as ``change(gradient)``: the plumbing of a
+    gradient bug (mutants here, and test subjects whose gradients are off on purpose)."""
+    import torch
+
+    class Changed(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return change(grad)
+
+    return Changed.apply(tensor)
+
+
 def _cp_rank(group) -> int:
     import torch.distributed as dist
 
@@ -581,17 +598,10 @@ def _secondary_output_rolled_on_last_rank(impl):
 def _grad_dropped_on_rank_1(impl):
     import torch
 
-    class ZeroGrad(torch.autograd.Function):  # rank 1 still takes part in every backward collective, with zeros
-        @staticmethod
-        def forward(ctx, features):
-            return features.view_as(features)
-
-        @staticmethod
-        def backward(ctx, grad):
-            return torch.zeros_like(grad)
-
-    def change(outputs, config, group):
-        return {name: ZeroGrad.apply(t) for name, t in outputs.items()} if _cp_rank(group) == 1 else outputs
+    def change(outputs, config, group):  # rank 1 still takes part in every backward collective, with zeros
+        if _cp_rank(group) != 1:
+            return outputs
+        return {name: gradient_changed(t, torch.zeros_like) for name, t in outputs.items()}
 
     return _Wrapped(impl, change)
 
@@ -603,22 +613,11 @@ def _grad_dropped_on_rank_1(impl):
     kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count"),
 )
 def _loss_replicated(impl):
-    import torch
-
     from vdpcp import comm
 
-    class SumGradOverGroup(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, features, group):
-            ctx.group = group
-            return features.view_as(features)
-
-        @staticmethod
-        def backward(ctx, grad):
-            return comm.all_reduce_sum(grad.contiguous(), ctx.group), None
-
     def change(outputs, config, group):
-        return {name: SumGradOverGroup.apply(t, group) for name, t in outputs.items()}
+        summed = lambda grad: comm.all_reduce_sum(grad.contiguous(), group)  # noqa: E731
+        return {name: gradient_changed(t, summed) for name, t in outputs.items()}
 
     return _Wrapped(impl, change)
 

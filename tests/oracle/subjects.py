@@ -6,10 +6,10 @@ them by ``module:object`` target (``tests.oracle.subjects:replicating``), so ran
 
 from dataclasses import replace
 
-import torch
 import torch.distributed as dist
 
 from vdpcp.impls.reference import Reference
+from vdpcp.mutants import gradient_changed
 from vdpcp.protocol import MediaAxes, check_group
 from vdpcp.spec import MicrobatchSpec
 
@@ -124,19 +124,6 @@ class OwnPartition(Reference):
 own_partition = OwnPartition()
 
 
-class _ScaledGradient(torch.autograd.Function):
-    """Identity forward; the backward scales the gradient by a factor."""
-
-    @staticmethod
-    def forward(ctx, tensor, factor):
-        ctx.factor = factor
-        return tensor.view_as(tensor)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * ctx.factor, None
-
-
 class RoundsApart(Reference):
     """The reference whose sharded input gradients come out ``apart`` (relative) from the exact ones: a stand-in
     for a correct implementation whose sums round differently, to hold the low-precision comparison to its bounds."""
@@ -148,7 +135,7 @@ class RoundsApart(Reference):
         self.apart = apart
 
     def encode_sharded(self, model, batch, config, group):
-        patches = _ScaledGradient.apply(batch.patches, 1 + self.apart)
+        patches = gradient_changed(batch.patches, lambda grad: grad * (1 + self.apart))
         return super().encode_sharded(model, replace(batch, patches=patches), config, group)
 
 
