@@ -132,6 +132,19 @@ def test_ranks_see_the_callers_environment_and_directory(monkeypatch, tmp_path):
     assert run_ranks(environment_view, 2) == [("set by the caller", str(r), "2", str(tmp_path)) for r in (0, 1)]
 
 
+def lazy_gloo(ctx):
+    return os.environ.get("TORCH_GLOO_LAZY_INIT")
+
+
+@pytest.mark.parametrize("caller, rank", [(None, "1"), ("0", "0")], ids=["default", "callers-own"])
+def test_gloo_connects_lazily_in_ranks_unless_the_caller_says_otherwise(monkeypatch, caller, rank):
+    if caller is None:
+        monkeypatch.delenv("TORCH_GLOO_LAZY_INIT", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_GLOO_LAZY_INIT", caller)
+    assert run_ranks(lazy_gloo, 2) == [rank, rank]
+
+
 def say_hello(ctx):
     print(f"hello from rank {ctx.rank}")
 

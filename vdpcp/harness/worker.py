@@ -21,6 +21,11 @@ from vdpcp.harness.outcome import capture, pickled
 from vdpcp.harness.protocol import READY, Case
 
 PR_SET_NAME, PR_SET_PDEATHSIG = 15, 1
+# gloo connects a group's peers at its first collective instead of all of them when the group is made (torch's
+# documented TORCH_GLOO_LAZY_INIT; a torch older than 2.8 ignores it). MCore makes about 20 groups a case and its
+# vision path uses two: the eager full mesh was most of an MCore case's time here, waiting, not computing (a CP 4
+# case's groups 205 -> 76 ms; the matrix 74 -> 59 s). A caller's own value wins.
+RANK_DEFAULTS = {"TORCH_GLOO_LAZY_INIT": "1"}
 
 
 def serve(fd: int, rank: int, log_path: str, stack_path: str, zygote_pid: int) -> None:
@@ -80,6 +85,8 @@ def adopt_caller(case: Case) -> None:
                      "WORLD_SIZE": case.group.world_size, "LOCAL_WORLD_SIZE": case.group.world_size}
     os.environ.clear()
     os.environ.update(case.environ)
+    for name, value in RANK_DEFAULTS.items():
+        os.environ.setdefault(name, value)
     os.environ.update({name: str(value) for name, value in launcher_view.items()})
     os.environ["VDPCP_HARNESS_WORKER"] = "1"
 
