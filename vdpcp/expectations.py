@@ -75,8 +75,9 @@ def judge(result) -> tuple[str, str]:
         return result.verdict, ""
     if result.passed:
         return "xpass", f"expected to fail ({limit.name}) but passed: {limit.reason}"
-    otherwise = [failure for failure in result.failures if limit.signature not in failure]
+    otherwise = [failure for failure in result.failures if not limit.shows(failure)]
     if result.failures and not otherwise:
         return "xfail", f"{limit.name}: {limit.reason}"
-    return result.verdict, (f"expected {limit.name} ({limit.signature!r}) but failed otherwise"
+    signatures = " or ".join(repr(text) for text in (limit.signature, *limit.alternatives))
+    return result.verdict, (f"expected {limit.name} ({signatures}) but failed otherwise"
                             + (f": {otherwise[0]}" if otherwise else ""))

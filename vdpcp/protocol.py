@@ -103,12 +103,19 @@ class KnownLimit:
     """An upstream limit: the case must fail, and its failure text must contain ``signature``.
 
     ``grads_only``: only the backward runs into it, so the matrix also checks the case's outputs alone.
+    ``alternatives``: other texts that are this limit too, where ranks meet it in different ways and the case's
+    failure is whichever rank raised first.
     """
 
     name: str
     reason: str
     signature: str
     grads_only: bool = False
+    alternatives: tuple[str, ...] = ()
+
+    def shows(self, failure: str) -> bool:
+        """Whether ``failure`` is this limit's (an empty signature: any failure is)."""
+        return any(text in failure for text in (self.signature, *self.alternatives))
 
 
 # Measured here (torch 2.14): torch.distributed.nn.functional's all_to_all falls back on gloo to one scatter per

@@ -89,6 +89,25 @@ def test_an_error_is_an_xfail_only_with_the_signature(text, verdict):
     assert expectations.judge(_result(uneven, error=text))[0] == verdict
 
 
+SCATTER, SUBGROUP = mcore.GLOO_GATHER_BACKWARD.signature, mcore.GLOO_NN_SUBGROUP.signature
+
+
+@pytest.mark.parametrize("text, verdict", [
+    (f"failed on 4 of 4 ranks: rank 0 raised RuntimeError: {SCATTER} at index 1; rank 1 hung; rank 2 hung", "xfail"),
+    (f"failed on 4 of 4 ranks: rank 2 raised ValueError: Global rank 0 {SUBGROUP} 1; rank 0 hung", "xfail"),
+    ("failed on 4 of 4 ranks: rank 0 raised RuntimeError: Connection closed by peer; rank 1 hung", "error"),
+], ids=["first-group-scatter", "other-group-subgroup", "neither"])
+def test_a_limit_met_two_ways_is_an_xfail_with_either_signature_and_only_then(text, verdict):
+    # MCore's gather on gloo in a CP x DP layout with unequal token counts: which rank raises first decides the text.
+    layered = Case(SPEC, 2, "mcore", dp=2)
+    limit = expectations.known_limit(layered, "gloo")
+    assert limit.name == mcore.GLOO_NN_SUBGROUP.name and limit.alternatives == (SCATTER,)
+    verdict_seen, why = expectations.judge(_result(layered, error=text))
+    assert verdict_seen == verdict, why
+    if verdict == "error":
+        assert repr(SUBGROUP) in why and repr(SCATTER) in why  # the why names every text it would have taken
+
+
 def test_a_check_failure_on_a_case_whose_limit_is_an_error_fails():
     uneven = Case(SPEC, 2, "mcore")
     assert expectations.judge(_result(uneven, [OUTPUTS], []))[0] == "fail"

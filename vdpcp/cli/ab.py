@@ -102,4 +102,4 @@ def known_limits(run, backend: str, failure: str) -> list:
 
     impl = resolve(run.impl)
     limits = {impl.known_limit(Case(draw.spec, run.cp, impl=run.impl), backend) for step in run.schedule() for draw in step}
-    return sorted((limit for limit in limits if limit is not None and limit.signature in failure), key=lambda limit: limit.name)
+    return sorted((limit for limit in limits if limit is not None and limit.shows(failure)), key=lambda limit: limit.name)

@@ -36,6 +36,15 @@ GLOO_GATHER_BACKWARD = KnownLimit(
     "ProcessGroupGloo::scatter: invalid tensor size",
     grads_only=True,
 )
+# In a CP x DP layout the first CP group's ranks meet the gather's scatter when their token counts differ, while
+# the other groups' ranks meet the subgroup error: whichever rank raises first is the case's failure (measured: under
+# load rank 0's scatter came first, where it had come second).
+GLOO_NN_SUBGROUP_OR_SCATTER = replace(
+    GLOO_NN_SUBGROUP,
+    reason=f"{GLOO_NN_SUBGROUP.reason}; with unequal token counts the first CP group's ranks meet "
+           f"{GLOO_GATHER_BACKWARD.name} instead, and the case fails with whichever rank raises first",
+    alternatives=(GLOO_GATHER_BACKWARD.signature,),
+)
 MCORE_EMPTY_MICROBATCH = KnownLimit(
     "mcore-empty-microbatch",
     "MCore 0.19.2 pads an empty microbatch to one placeholder per rank, then its gather drops every rank's "
@@ -119,11 +128,12 @@ class MCore(Implementation):
             return MCORE_EMPTY_MICROBATCH
         if spec.temporal_patch_size > 1 and mcore_gives_up(spec.media_frames, case.cp, spec.temporal_patch_size):
             return MCORE_TUBELET_GIVE_UP
-        if backend == "gloo" and case.dp * case.tp > 1:
-            return GLOO_NN_SUBGROUP  # its gather is torch.distributed.nn.functional.all_to_all
-        if case.grads and backend == "gloo" and len(set(rank_tokens(spec, config))) > 1:
-            return GLOO_GATHER_BACKWARD
-        return None
+        if backend != "gloo":
+            return None
+        unequal = case.grads and len(set(rank_tokens(spec, config))) > 1
+        if case.dp * case.tp > 1:  # its gather is torch.distributed.nn.functional.all_to_all
+            return GLOO_NN_SUBGROUP_OR_SCATTER if unequal else GLOO_NN_SUBGROUP
+        return GLOO_GATHER_BACKWARD if unequal else None
 
 
 mcore = MCore()
