@@ -22,8 +22,10 @@ from vdpcp.harness.config import resolve_backend
 from vdpcp.impls import resolve
 
 # What every case body imports, besides its implementation's own preload. A rank worker forked after a faulted
-# case would otherwise import them again; preloaded into the rank zygote, it starts in milliseconds.
-RANK_PRELOAD = ("vdpcp.runner",)
+# case would otherwise import them again; preloaded into the rank zygote, it starts in milliseconds. So is
+# torch.distributed.tensor: torch.testing.assert_close (the oracle's every comparison) imports it at its first call,
+# 1 s of CPU in each fresh worker where no other preload brings it (the reference alone; megatron-core does).
+RANK_PRELOAD = ("vdpcp.runner", "torch.distributed.tensor")
 
 
 CORRECT = ("pass", "replicated")  # verdicts of a run whose every check held
