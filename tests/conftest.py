@@ -1,8 +1,8 @@
 """Every test starts from a known state and leaves it so; rank workers start with the heavy imports preloaded.
 
 The preload: the case modules and the imports of the built-ins (MCore) and of the adapters tested in tests/impls
-(transformers' Qwen2.5-VL and Qwen3-VL towers, Automodel's sharding), one import per pool, not one per rank. The
-guard: a test (or an in-process CLI call inside it) that leaves the harness configuration, the spec limit, the
+(transformers' Qwen2.5-VL and Qwen3-VL towers, Automodel's sharding), and pytest, one import per pool, not one per
+rank. The guard: a test (or an in-process CLI call inside it) that leaves the harness configuration, the spec limit, the
 environment, torch's default dtype or a SIGTERM/SIGINT handler changed fails, so no setting reaches the next test
 (a GPU job once ran gloo because one did).
 """
@@ -13,15 +13,21 @@ import signal
 import pytest
 import torch
 
-from vdpcp import budget
+from vdpcp import budget, harness
 from vdpcp.harness import config as harness_config
 from vdpcp.impls import BUILT_INS
-from vdpcp.runner import preload_case_modules
+from vdpcp.runner import case_preload
+
+# The suite's own rank bodies live in test modules, which import pytest: a worker forked fresh (after a fault that
+# left its pool unsound) imported it with its first such body, 0.3 s of CPU each time; in a py-spy profile of the
+# whole suite that import was 4.4% of the rank workers' samples.
+SUITE_PRELOAD = ("pytest",)
 
 
 def pytest_configure(config):
-    # The plugin's session settings scope it: restored at pytest_unconfigure.
-    preload_case_modules((*BUILT_INS, "qwen2_5_vl", "automodel"))
+    # The plugin's session settings scope it (restored at pytest_unconfigure); a vdpcp_preload setting wins.
+    if not harness_config.default_preload():
+        harness.configure(preload=(*case_preload((*BUILT_INS, "qwen2_5_vl", "automodel")), *SUITE_PRELOAD))
 
 
 # Not settings a test chose: pytest's own per-phase marker, and the cache folder torch's inductor exports the first
