@@ -49,7 +49,8 @@ class LanguageModel(nn.Module):
         super().__init__()
         c = self.config = config
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(c.seed)  # deterministic init: every rank and both A/B arms build the same weights
+            # Every rank and both A/B arms the same weights; the CPU generator only, as VisionModel seeds it.
+            torch.default_generator.manual_seed(c.seed)
             self.embedding = nn.Embedding(c.vocab, c.hidden)
             self.blocks = nn.ModuleList(CausalBlock(c.hidden, c.heads) for _ in range(c.layers))
             self.norm = nn.LayerNorm(c.hidden)
