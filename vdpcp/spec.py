@@ -13,6 +13,7 @@ consecutive frames of a video are encoded together as tubelets.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, fields
@@ -54,17 +55,19 @@ class MicrobatchSpec:
         return f"MicrobatchSpec(<{summary(self)}>)"
 
     # --- shapes -------------------------------------------------------------------------------
-    @property
+    # Computed once per spec (its fields never change): callers index them row by row, and recomputed on every
+    # access a loop over the rows was quadratic (`vdpcp balance`'s unit costs: its tests 14.7 -> 7.4 s).
+    @functools.cached_property
     def media_frames(self) -> tuple[int, ...]:
         """Frames per media item; every row is its own item when num_frames is not given."""
         return self.num_frames if self.num_frames is not None else (1,) * len(self.images)
 
-    @property
+    @functools.cached_property
     def grids(self) -> tuple[tuple[int, int], ...]:
         """Patch grid (rows, cols) of each image row."""
         return tuple((h // self.patch_dim, w // self.patch_dim) for h, w in self.images)
 
-    @property
+    @functools.cached_property
     def row_patches(self) -> tuple[int, ...]:
         return tuple(gh * gw for gh, gw in self.grids)
 
