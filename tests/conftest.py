@@ -13,10 +13,10 @@ import signal
 import pytest
 import torch
 
-from vdpcp import budget, harness
+from vdpcp import budget
 from vdpcp.harness import config as harness_config
 from vdpcp.impls import BUILT_INS
-from vdpcp.runner import case_preload
+from vdpcp.runner import preload_case_modules
 
 # The suite's own rank bodies live in test modules, which import pytest: a worker forked fresh (after a fault that
 # left its pool unsound) imported it with its first such body, 0.3 s of CPU each time; in a py-spy profile of the
@@ -26,8 +26,7 @@ SUITE_PRELOAD = ("pytest",)
 
 def pytest_configure(config):
     # The plugin's session settings scope it (restored at pytest_unconfigure); a vdpcp_preload setting wins.
-    if not harness_config.default_preload():
-        harness.configure(preload=(*case_preload((*BUILT_INS, "qwen2_5_vl", "automodel")), *SUITE_PRELOAD))
+    preload_case_modules((*BUILT_INS, "qwen2_5_vl", "automodel"), extra=SUITE_PRELOAD)
 
 
 # Not settings a test chose: pytest's own per-phase marker, and the cache folder torch's inductor exports the first

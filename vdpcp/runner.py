@@ -135,15 +135,15 @@ def run_judged(case: Case, backend: str | None = None, timeout: float | None = N
     return Judged(result, *judge(result))
 
 
-def preload_case_modules(impls=()) -> None:
-    """Have the rank zygote preload case_preload(impls), unless a preload is configured already. On GPUs too:
+def preload_case_modules(impls=(), extra=()) -> None:
+    """Have the rank zygote preload case_preload(impls) and ``extra``, unless a preload is configured already. On GPUs too:
     measured on the H200, with torch's NVML-based CUDA check (which the zygote sets) the only thread those imports
     leave is the CUDA driver's, and workers forked after it use CUDA, gloo and NCCL; the zygote proves that at each
     start. A faulted case then costs +0.5 s there, not 8-14 s of re-imports (reports/h200/issue20/README.md).
     Callers scope it (harness.config.configured)."""
     if harness_config.default_preload():
         return
-    harness.configure(preload=case_preload(impls))
+    harness.configure(preload=(*case_preload(impls), *extra))
 
 
 def case_preload(impls=()) -> tuple[str, ...]:
