@@ -18,6 +18,13 @@ from vdpcp.budget import resource_failure
 from vdpcp.case import Case
 from vdpcp.impls import GROUP_MISMATCH_TEXT, KnownLimit, resolve
 
+# Every verdict, the most telling first: a case's verdict is the first that applies. The runner decides those of
+# a run (vdpcp.runner.CaseResult.verdict); the judge adds JUDGED, which need the case's expectation: xfail (a known
+# limit met the known way) outranks what the run says, xpass (a known limit that passed) only a correct run.
+# docs/verdicts.md shows the table; tests/unit/test_verdicts.py holds both to it.
+PRECEDENCE = ("resource", "xfail", "error", "unsharded-error", "fail", "plan-mismatch", "not-sharded", "xpass",
+              "replicated", "pass")
+JUDGED = ("xfail", "xpass")
 # pass and replicated are a correct run as the case expects it; xfail, a known upstream limit met the known way.
 PASSING = ("pass", "replicated", "xfail")
 # A case expected to fail a known way has one rank raise while the others wait in the collective: the raising

@@ -28,7 +28,7 @@ from hypothesis.errors import Flaky, NoSuchExample
 from vdpcp import budget, saved
 from vdpcp.capture import name_with_cp
 from vdpcp.case import Case
-from vdpcp.runner import CaseResult, run_case
+from vdpcp.runner import MESSAGES, CaseResult, run_case
 from vdpcp.spec import DEFAULT_PATCH_DIM, MicrobatchSpec
 
 DEFAULT_BUDGET = 100  # microbatches drawn before giving up (shrinking runs come on top)
@@ -92,7 +92,7 @@ def signature(result: CaseResult) -> str | None:
         return None
     if result.verdict == "error":
         return "error: " + _normalized(failing_rank(result)[1])
-    attr = {"fail": "failures", "plan-mismatch": "plan_mismatch", "not-sharded": "not_sharded"}[result.verdict]
+    attr = MESSAGES[result.verdict]
     first = next(r for r in result.ranks if getattr(r, attr))
     return f"{result.verdict}: " + _normalized(getattr(first, attr)[0])
 

@@ -32,7 +32,8 @@ def hunt(name: str, cases, backend: str | None = None, timeout: float | None = N
     """Run ``cases`` (un-mutated) with mutant ``name`` applied, stopping at the first kill.
 
     A case kills the mutant when its verdict is not passing (an expected xfail that fails the expected way
-    does not count); a mutant that says it does not apply to the implementation stops the hunt as such.
+    does not count), but not when a rank ran out of memory, which says nothing about the mutant; a mutant that
+    says it does not apply to the implementation stops the hunt as such.
     ``on_case(case, judged, seconds)`` is called after each (a vdpcp.runner.Judged).
     """
     found = Hunt(name)
@@ -46,7 +47,7 @@ def hunt(name: str, cases, backend: str | None = None, timeout: float | None = N
         if NOT_APPLICABLE in error:  # every rank said so: the implementation lacks what the mutant changes
             found.not_applicable = error[error.index(NOT_APPLICABLE):].splitlines()[0]
             break
-        if not judged.passing:
+        if not judged.passing and judged.verdict != "resource":
             found.killed_by = case.id
             found.verdict = f"{judged.verdict}: {judged.why or _first_failure(judged.result)}"
             break

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from vdpcp import budget, harness, layout, mutants, oracle
 from vdpcp.case import Case, RankResult
-from vdpcp.expectations import KNOWN_LIMIT_GRACE_S, PASSING, judge, known_limit
+from vdpcp.expectations import JUDGED, KNOWN_LIMIT_GRACE_S, PASSING, PRECEDENCE, judge, known_limit
 from vdpcp.harness import RankFailure, run_ranks
 from vdpcp.harness import config as harness_config
 from vdpcp.harness.config import resolve_backend
@@ -29,6 +29,11 @@ RANK_PRELOAD = ("vdpcp.runner", "torch.distributed.tensor")
 
 
 CORRECT = ("pass", "replicated")  # verdicts of a run whose every check held
+# The verdicts a run decides itself, in vdpcp.expectations.PRECEDENCE's order (the judge adds the rest), and the
+# RankResult field by which any one rank says so; the first three are also the messages a case reports.
+RUN_VERDICTS = tuple(v for v in PRECEDENCE if v not in JUDGED)
+MESSAGES = {"fail": "failures", "plan-mismatch": "plan_mismatch", "not-sharded": "not_sharded"}
+RANK_FLAGS = {"unsharded-error": "unsharded_error", **MESSAGES, "replicated": "replicated"}
 
 
 @dataclass
@@ -44,20 +49,11 @@ class CaseResult:
 
     @property
     def verdict(self) -> str:
-        """error, resource (a rank could not allocate), unsharded-error, fail (a result is wrong), plan-mismatch
-        (right, but not what the plan says ran), not-sharded (right, but the work was not distributed), replicated
-        (right, and encoded whole on every rank as the implementation's fallback policy says), or pass; the first
-        that applies."""
-        if budget.resource_failure(self) is not None:
-            return "resource"  # a rank could not allocate: no verdict on the encoder, nor on sharding
-        if self.error is not None:
-            return "error"
-        if any(r.unsharded_error is not None for r in self.ranks):
-            return "unsharded-error"  # the spec cannot be encoded even unsharded: not a sharding failure
-        for verdict, attr in (("fail", "failures"), ("plan-mismatch", "plan_mismatch"), ("not-sharded", "not_sharded")):
-            if any(getattr(r, attr) for r in self.ranks):
-                return verdict
-        return "replicated" if any(r.replicated for r in self.ranks) else "pass"
+        """The first of RUN_VERDICTS that applies: resource (a rank could not allocate), error (a rank raised, died or
+        hung: its ranks' results are not known), then what any rank says (RANK_FLAGS), else pass."""
+        applies = {"resource": budget.resource_failure(self) is not None, "error": self.error is not None, "pass": True}
+        applies |= {verdict: any(getattr(r, attr) for r in self.ranks) for verdict, attr in RANK_FLAGS.items()}
+        return next(verdict for verdict in RUN_VERDICTS if applies[verdict])
 
     @property
     def passed(self) -> bool:
@@ -69,8 +65,8 @@ class CaseResult:
         if self.error is not None:
             return [self.error]
         unsharded = [f"rank {r.rank}: unsharded encoder raised {r.unsharded_error}" for r in self.ranks if r.unsharded_error]
-        return unsharded + [f"rank {r.rank}: {msg}" for attr in ("failures", "plan_mismatch", "not_sharded")
-                            for r in self.ranks for msg in getattr(r, attr)]
+        return unsharded + [f"rank {r.rank}: {msg}" for verdict in RUN_VERDICTS if verdict in MESSAGES
+                            for r in self.ranks for msg in getattr(r, MESSAGES[verdict])]
 
     def max_err(self, attr: str) -> float:
         return max((getattr(r, attr) for r in self.ranks), default=float("nan"))
