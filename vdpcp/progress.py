@@ -145,22 +145,12 @@ class MaxFail:
 
 
 def add_maxfail_options(parser, what: str = "cases that do not pass") -> None:
-    parser.add_argument("--maxfail", type=str, default="0", metavar="N", help=f"stop after N {what} (default 0: never)")
-    parser.add_argument("-x", "--exitfirst", dest="maxfail", action="store_const", const="1",
+    from vdpcp.cli import number
+
+    parser.add_argument("--maxfail", type=number(int, 0, note="0: no limit"), default=0, metavar="N",
+                        help=f"stop after N {what} (default 0: never)")
+    parser.add_argument("-x", "--exitfirst", dest="maxfail", action="store_const", const=1,
                         help="stop at the first of them (--maxfail 1)")
-
-
-def checked_maxfail(value) -> int:
-    """The --maxfail value as a number; a UsageError (exit 2) naming it otherwise."""
-    from vdpcp.cli import UsageError
-
-    try:
-        limit = int(value)
-    except ValueError:
-        limit = -1
-    if limit < 0:
-        raise UsageError(f"--maxfail {value}: expected a number of cases, 0 or more (0: no limit)")
-    return limit
 
 
 class Run:
@@ -176,9 +166,9 @@ class Run:
                     break
     """
 
-    def __init__(self, title: str, total: int, maxfail, write=None, noun: str = "cases",
+    def __init__(self, title: str, total: int, maxfail: int, write=None, noun: str = "cases",
                  failing: str = "case(s) that did not pass", out=None, err=None):
-        self.maxfail = MaxFail(checked_maxfail(maxfail))
+        self.maxfail = MaxFail(maxfail)
         self.total, self.noun, self.failing, self.write = total, noun, failing, write
         self.shown = CaseProgress(title, total, out=out, err=err)
         self.stopped: str | None = None

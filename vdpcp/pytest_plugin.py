@@ -24,6 +24,7 @@ megatron-core's notices that optional packages are missing are filtered out (see
 import pytest
 
 from vdpcp import budget, harness, third_party
+from vdpcp.cli import RANKS, SECONDS
 from vdpcp.harness.config import BACKENDS, configured
 
 
@@ -32,7 +33,7 @@ def pytest_addoption(parser):
     group.addoption("--backend", choices=BACKENDS, default=None,
                     help="process-group backend for distributed cases (default: $VDPCP_BACKEND or auto: "
                          "nccl with a GPU per rank, else gloo)")
-    group.addoption("--vdpcp-timeout", type=float, default=None, metavar="SECONDS",
+    group.addoption("--vdpcp-timeout", type=SECONDS, default=None, metavar="SECONDS",
                     help="seconds before a distributed case counts as hung (default: $VDPCP_TIMEOUT or 120)")
     parser.addini("vdpcp_preload", type="args", default=[],
                   help="modules imported once in the rank zygote, so every rank starts with them")
@@ -42,7 +43,7 @@ def pytest_addoption(parser):
     group.addoption("--vdpcp-impl", action="append", default=[], metavar="IMPL",
                     help="implementation whose matrix runs as the vdpcp_case tests (repeatable): a registered name "
                          "(vdpcp.implementations entry points) or module:object (default: reference and mcore)")
-    group.addoption("--vdpcp-cp", action="append", type=int, default=[], metavar="N",
+    group.addoption("--vdpcp-cp", action="append", type=RANKS, default=[], metavar="N",
                     help="CP sizes of the vdpcp_case matrix (repeatable; default 1 2 4 8)")
     parser.addini("vdpcp_impl", type="args", default=[], help="default for --vdpcp-impl")
 
@@ -142,7 +143,7 @@ def pytest_addoption_replay(parser):
     group = parser.getgroup("vdpcp-replay", "vdpcp replay of saved microbatch specs")
     group.addoption("--replay", action="append", default=[], metavar="SPEC.json",
                     help="run this spec (repeatable) as the only test, sharded against unsharded")
-    group.addoption("--replay-cp", type=int, default=None, metavar="N", help="CP ranks (default: the file's, or its name's -cp<N> tag)")
+    group.addoption("--replay-cp", type=RANKS, default=None, metavar="N", help="CP ranks (default: the file's, or its name's -cp<N> tag)")
     group.addoption("--replay-impl", default=None, metavar="IMPL", help="implementation (default: the file's, else reference)")
     group.addoption("--replay-split", default=None, metavar="SPLIT",
                     help=f"the implementation's partition (default: the file's, else its first; the reference's: {', '.join(SPLITS)})")

@@ -38,13 +38,13 @@ def test_a_gradient_mutant_in_the_sharded_arm_fails_the_ab(mutant, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--cp", "0"], "--cp 0: expected 2 or more (a number of ranks)"),
-    (["--cp", "1"], "--cp 1: expected 2 or more (vision_dp_over_cp is a no-op at CP=1"),
+    (["--cp", "0"], "argument --cp: expected an integer >= 2, got '0'"),
+    (["--cp", "1"], "argument --cp: expected an integer >= 2, got '1' (vision_dp_over_cp is a no-op at CP=1"),
     (["--dataset", "imagenet"], "--dataset imagenet: unknown dataset; expected one of doc-qa, multi-image, video"),
     (["--impl", "no-such-impl"], "--impl no-such-impl: not a registered implementation"),
     (["--impl", "no_such_module:impl"], "--impl no_such_module:impl: cannot import module"),
     (["--mutant", "no-such-mutant"], "--mutant no-such-mutant: unknown mutant"),
-    (["--accumulate", "0"], "--accumulate 0: expected a positive integer"),
+    (["--accumulate", "0"], "argument --accumulate: expected an integer >= 1, got '0'"),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, argv, message):
     code = main(["ab", *argv])

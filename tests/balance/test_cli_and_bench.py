@@ -33,7 +33,7 @@ def test_balance_on_a_folder_sweeps_its_specs(tmp_path, capsys):
         (["balance"], "either a spec file or folder, or --dataset"),
         (["balance", "x.json", "--dataset", "video"], "either a spec file or folder, or --dataset"),
         (["balance", "--dataset", "mantis"], "dataset must be one of"),
-        (["balance", "--dataset", "video", "--cp", "0"], "--cp must be a positive integer"),
+        (["balance", "--dataset", "video", "--cp", "0"], "argument --cp: expected an integer >= 1, got '0'"),
         (["balance", "missing.json"], "cannot read spec file"),
     ],
 )
@@ -71,4 +71,4 @@ def test_bench_memory_on_cpu_says_so_and_measures_every_shard(tmp_path, capsys):
 
 def test_bench_memory_rejects_bad_sizes(capsys):
     assert main(["bench", "memory", "--device", "cpu", "--seeds", "0"]) == 2
-    assert "positive integers" in capsys.readouterr().err
+    assert "argument --seeds: expected an integer >= 1, got '0'" in capsys.readouterr().err

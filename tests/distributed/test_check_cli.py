@@ -65,7 +65,7 @@ def test_check_records_the_backend_and_device_each_case_ran_on(tmp_path, capsys)
     (["--spec", "{tmp}/missing.json"], "missing.json: cannot read spec file"),
     (["--spec", "{tmp}/bad.json"], "bad.json: field 'images'[0] = [3, 4]: sizes must be multiples of patch_dim=4"),
     (["--spec", "{tmp}"], "bad.json"),
-    (["--cp", "0"], "--cp 0: expected a positive number of ranks"),
+    (["--cp", "0"], "argument --cp: expected an integer >= 1, got '0'"),
     (["-k", "no-such-case"], "no case matches"),
     (["--mutant", "no-such-mutant"], "--mutant no-such-mutant: unknown mutant"),
 ])

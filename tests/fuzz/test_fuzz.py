@@ -136,8 +136,8 @@ def test_a_search_replays_the_failures_its_configuration_saved_first(tmp_path, c
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--cp", "0"], "--cp 0: expected a positive number of ranks"),
-    (["--cp", "2", "--budget", "0"], "--budget 0: expected a positive number of microbatches"),
+    (["--cp", "0"], "argument --cp: expected an integer >= 1, got '0'"),
+    (["--cp", "2", "--budget", "0"], "argument --budget: expected an integer >= 1, got '0'"),
     (["--cp", "2", "--mutant", "nope"], "--mutant nope: unknown mutant"),
 ])
 def test_bad_options_exit_2(capsys, args, expected):

@@ -97,7 +97,7 @@ def test_a_missing_file_exits_2(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, expected", [
     (["--mutant", "no-such-mutant"], "--mutant no-such-mutant: unknown mutant"),
-    (["--cp", "0"], "--cp 0: expected a positive number of ranks"),
+    (["--cp", "0"], "argument --cp: expected an integer >= 1, got '0'"),
 ])
 def test_bad_options_exit_2(capsys, args, expected):
     assert main(["replay", str(REGRESSIONS / "no-even-pad-cp4.json"), *args]) == 2

@@ -29,16 +29,19 @@ TARGET_S = 1.0
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--world-size", type=int, default=2, help="ranks per case (default 2)")
-    parser.add_argument("--passes", type=int, default=5, help="passing cases timed per configuration (default 5)")
-    parser.add_argument("--repeats", type=int, default=2, help="faulted cases of each kind per configuration (default 2)")
+    from vdpcp.cli import POSITIVE, number
+
+    parser.add_argument("--world-size", type=number(int, 2, note="the one-rank fault is on rank 1"), default=2,
+                        help="ranks per case (default 2)")
+    parser.add_argument("--passes", type=POSITIVE, default=5, help="passing cases timed per configuration (default 5)")
+    parser.add_argument("--repeats", type=POSITIVE, default=2, help="faulted cases of each kind per configuration (default 2)")
     parser.add_argument("--config", action="append", choices=CONFIGS, default=None, metavar="PRELOAD/REUSE",
                         help=f"a configuration to measure, repeatable ({', '.join(CONFIGS)}; default all)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
                         help="where each rank's tensors live (VDPCP_DEVICE; default: as set, else cpu)")
     parser.add_argument("--tolerate-threads", default="", metavar="PREFIX,...",
                         help="OS thread-name prefixes the zygote accepts after a `case` preload (e.g. cuda on a GPU machine)")
-    parser.add_argument("--grace", type=float, default=None,
+    parser.add_argument("--grace", type=number(float, 0), default=None,
                         help="seconds the other ranks get once one raised (default: the harness's, 3 s)")
     parser.add_argument("--modules", default=None, metavar="MODULE,...",
                         help="what the case body imports (default: what vdpcp's cases import)")

@@ -20,10 +20,12 @@ from pathlib import Path
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--cases", type=int, default=200, help="warm cases to time (default 200)")
-    parser.add_argument("--spawn-tests", type=int, default=4,
+    from vdpcp.cli import POSITIVE, RANKS
+
+    parser.add_argument("--cases", type=POSITIVE, default=200, help="warm cases to time (default 200)")
+    parser.add_argument("--spawn-tests", type=POSITIVE, default=4,
                         help="MultiProcessTestCase tests to time (default 4; about 6 s each here)")
-    parser.add_argument("--world-size", type=int, default=2, help="ranks per case (default 2)")
+    parser.add_argument("--world-size", type=RANKS, default=2, help="ranks per case (default 2)")
 
 
 def run(args) -> int:

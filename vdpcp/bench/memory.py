@@ -29,12 +29,14 @@ MIB = 2**20
 
 
 def add_arguments(parser) -> None:
+    from vdpcp.cli import POSITIVE, RANKS
+
     parser.add_argument("--dataset", default="multi-image", help="built-in generator (default multi-image)")
-    parser.add_argument("--seeds", type=int, default=4, help="microbatches: seeds 0..N-1 (default 4)")
-    parser.add_argument("--samples", type=int, default=None, help="samples per microbatch (default: the dataset's)")
-    parser.add_argument("--cp", type=int, action="append", help="CP sizes (repeatable; default 2 4 8)")
-    parser.add_argument("--layers", type=int, default=None, help="tower depth (default 24 on GPU, 2 on CPU)")
-    parser.add_argument("--reps", type=int, default=2, help="timed repetitions per shard, best kept (default 2)")
+    parser.add_argument("--seeds", type=POSITIVE, default=4, help="microbatches: seeds 0..N-1 (default 4)")
+    parser.add_argument("--samples", type=POSITIVE, default=None, help="samples per microbatch (default: the dataset's)")
+    parser.add_argument("--cp", type=RANKS, action="append", help="CP sizes (repeatable; default 2 4 8)")
+    parser.add_argument("--layers", type=POSITIVE, default=None, help="tower depth (default 24 on GPU, 2 on CPU)")
+    parser.add_argument("--reps", type=POSITIVE, default=2, help="timed repetitions per shard, best kept (default 2)")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     parser.add_argument("--out", default=None, help="folder for results.json and tables.md")
 
@@ -45,8 +47,6 @@ def run(args) -> int:
 
     if args.dataset not in DATASETS:
         raise UsageError(f"--dataset must be one of {sorted(DATASETS)}, got {args.dataset!r}")
-    if args.seeds < 1 or args.reps < 1 or any(cp < 1 for cp in args.cp or []):
-        raise UsageError("--seeds, --reps and --cp must be positive integers")
     bench = Bench.configure(args)
     print(bench.describe(), flush=True)
     result = bench.run()

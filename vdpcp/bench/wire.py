@@ -89,9 +89,11 @@ def wire_table(spec, cps, splits, itemsize: int = 2) -> str:
 
 
 def add_arguments(parser) -> None:
+    from vdpcp.cli import RANKS, SEED
+
     parser.add_argument("--dataset", default="multi-image", help="built-in generator (default multi-image)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cp", type=int, action="append", help="CP sizes (repeatable; default 2 4 8)")
+    parser.add_argument("--seed", type=SEED, default=0)
+    parser.add_argument("--cp", type=RANKS, action="append", help="CP sizes (repeatable; default 2 4 8)")
 
 
 def run(args) -> int:
@@ -102,8 +104,6 @@ def run(args) -> int:
     if args.dataset not in DATASETS:
         raise UsageError(f"--dataset must be one of {sorted(DATASETS)}, got {args.dataset!r}")
     cps = args.cp or [2, 4, 8]
-    if any(cp < 1 for cp in cps):
-        raise UsageError(f"--cp must be positive integers, got {cps}")
     spec = generate(args.dataset, args.seed)
     print(f"{spec.name}: {len(spec.images)} images, {sum(spec.row_patches)} patches at P={spec.patch_dim}; bf16 (2 bytes)")
     print(wire_table(spec, cps, SPLIT_NAMES[:2]))

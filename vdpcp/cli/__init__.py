@@ -10,6 +10,7 @@ SIGTERM (Ctrl-C) after the cases it finished (vdpcp.progress).
 import argparse
 import contextlib
 import importlib
+import math
 import os
 import pkgutil
 import sys
@@ -28,10 +29,47 @@ class UsageError(Exception):
     """Bad input on the command line or in a spec file: exit code 2, one clear message."""
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose every complaint (an option out of its range, an unknown choice, a missing
+    argument) is one UsageError line naming the option: exit 2, as any other bad input."""
+
+    def error(self, message):
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def number(kind=int, low=None, high=None, *, above: bool = False, note: str = ""):
+    """An argparse ``type=`` for a finite ``kind`` (int or float) from ``low`` to ``high``, both included (either
+    may be None: no bound; ``above``: ``low`` itself is out). Whatever is out of range, or not such a number, is
+    refused as the command line is parsed, before anything runs, naming the range (and ``note``: why that range)."""
+    shown = str if kind is int else "{:g}".format
+    bounds = [f"{'>' if above else '>='} {shown(low)}"] if low is not None else []
+    bounds += [f"<= {shown(high)}"] if high is not None else []
+    expected = " ".join(["an integer" if kind is int else "a number", " and ".join(bounds)]).strip()
+
+    def convert(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = math.nan
+        inside = (low is None or (value > low if above else value >= low)) and (high is None or value <= high)
+        if not (math.isfinite(value) and inside):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}" + (f" ({note})" if note else ""))
+        return value
+
+    convert.expected = expected  # tests/unit/test_options.py finds every numeric option by it
+    return convert
+
+
+RANKS = number(int, 1)  # a CP size, a world size
+POSITIVE = number(int, 1)  # a count of things to run: cases, steps, microbatches, repetitions
+SEED = number(int, 0, 2**32 - 1)
+SECONDS = number(float, 0, above=True)
+
+
 def add_run_options(parser) -> None:
     """Where the ranks run: --backend and --timeout, as every case-running subcommand takes them."""
     parser.add_argument("--backend", choices=BACKENDS, default=None, help="process-group backend (default: $VDPCP_BACKEND or auto)")
-    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="seconds before a case counts as hung")
+    parser.add_argument("--timeout", type=SECONDS, default=None, metavar="SECONDS", help="seconds before a case counts as hung")
 
 
 def add_budget_option(parser) -> None:
@@ -96,7 +134,7 @@ def checked_splits(splits, impls) -> tuple[str, ...] | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vdpcp", description=__doc__.splitlines()[0])
+    parser = Parser(prog="vdpcp", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         importlib.import_module(f"{__name__}.{module.name}").register(subparsers)
@@ -106,7 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     from vdpcp.harness.config import configured
 
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as err:  # the parser's own message names the subcommand
+        print(err, file=sys.stderr)
+        return 2
     path = list(sys.path)
     try:
         # --impl module:object names a module of the project it is run from, as `python -m` would find it

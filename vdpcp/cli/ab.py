@@ -13,16 +13,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vdpcp.cli import DTYPES, IMPL_HELP, UsageError, add_run_options, checked_impls
+from vdpcp.cli import DTYPES, IMPL_HELP, POSITIVE, SEED, UsageError, add_run_options, checked_impls, number
 
+AB_RANKS = number(int, 2, note="vision_dp_over_cp is a no-op at CP=1, so both arms would be one run")
 TOWERS = ("tiny", "vit-l")  # vdpcp.model.TOWERS, literal so that `vdpcp --help` imports no torch
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("ab", help=__doc__.splitlines()[0].split(": ", 1)[1], description=__doc__)
-    parser.add_argument("--cp", type=int, default=2, metavar="N", help="CP ranks (default 2; the flag is a no-op at 1)")
-    parser.add_argument("--steps", type=int, default=5, metavar="K", help="optimizer steps per arm (default 5)")
-    parser.add_argument("--accumulate", type=int, default=2, metavar="M", help="microbatches per step (default 2)")
+    parser.add_argument("--cp", type=AB_RANKS, default=2, metavar="N", help="CP ranks (default 2; the flag is a no-op at 1)")
+    parser.add_argument("--steps", type=POSITIVE, default=5, metavar="K", help="optimizer steps per arm (default 5)")
+    parser.add_argument("--accumulate", type=POSITIVE, default=2, metavar="M", help="microbatches per step (default 2)")
     parser.add_argument("--impl", default="reference", metavar="IMPL", help=f"implementation under test (default reference): {IMPL_HELP}")
     parser.add_argument("--dtype", choices=DTYPES, default="float64", help="model dtype (default float64; bf16 keeps float32 main weights)")
     parser.add_argument("--dataset", default="doc-qa", help="doc-qa, multi-image or video (default doc-qa)")
@@ -30,7 +31,7 @@ def register(subparsers) -> None:
                         help="tiny: the toy tower on downscaled microbatches (CPU); vit-l: hidden 1024, 24 layers, patch 16, "
                              "the dataset's real sizes (GPU memory)")
     parser.add_argument("--mutant", metavar="NAME", help="a named mutant (vdpcp.mutants), in the sharded arm only")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the microbatches (default 0)")
+    parser.add_argument("--seed", type=SEED, default=0, help="seed of the weights and the microbatches (default 0)")
     add_run_options(parser)
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the per-step record and the verdict as JSON")
     parser.add_argument("--png", type=Path, metavar="PATH", help="plot both loss curves and their difference")
@@ -43,18 +44,10 @@ def checked_run(args):
     from vdpcp.datasets import DATASETS
     from vdpcp.mutants import MUTANTS
 
-    if args.cp < 2:
-        why = "vision_dp_over_cp is a no-op at CP=1, so both arms would be one run" if args.cp == 1 else "a number of ranks"
-        raise UsageError(f"--cp {args.cp}: expected 2 or more ({why})")
-    for flag, value in (("--steps", args.steps), ("--accumulate", args.accumulate)):
-        if value < 1:
-            raise UsageError(f"{flag} {value}: expected a positive integer")
     if args.dataset not in DATASETS:
         raise UsageError(f"--dataset {args.dataset}: unknown dataset; expected one of {', '.join(sorted(DATASETS))}")
     if args.mutant is not None and args.mutant not in MUTANTS:
         raise UsageError(f"--mutant {args.mutant}: unknown mutant; expected one of {', '.join(sorted(MUTANTS))}")
-    if not 0 <= args.seed < 2**32:
-        raise UsageError(f"--seed {args.seed}: expected an integer in [0, 2**32)")
     (impl,) = checked_impls([args.impl])
     return Run(impl=impl, cp=args.cp, steps=args.steps, accumulate=args.accumulate, dtype=args.dtype,
                dataset=args.dataset, tower=args.tower, seed=args.seed, mutant=args.mutant)

@@ -9,19 +9,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vdpcp.cli import UsageError
+from vdpcp.cli import POSITIVE, RANKS, SEED, UsageError, number
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("balance", help="per-rank load of the count, balanced and packed splits", description=__doc__)
     parser.add_argument("source", nargs="?", help="a spec file or a folder of spec files")
     parser.add_argument("--dataset", help="a built-in generator instead: doc-qa, multi-image or video")
-    parser.add_argument("--seed", type=int, default=0, help="first seed of --dataset (default 0)")
-    parser.add_argument("--seeds", type=int, default=1, help="microbatches of --dataset, seeds from --seed (default 1)")
-    parser.add_argument("--samples", type=int, default=None, help="samples per --dataset microbatch (default: its own)")
-    parser.add_argument("--patch-dim", type=int, default=16, help="patch size of --dataset microbatches (default 16)")
-    parser.add_argument("--cp", type=int, action="append", help="CP size (repeatable; default 2 4 8)")
-    parser.add_argument("--alpha", type=int, default=None, help="alpha of the p*(p+alpha) cost (default 3072 = 3 x 1024)")
+    parser.add_argument("--seed", type=SEED, default=0, help="first seed of --dataset (default 0)")
+    parser.add_argument("--seeds", type=POSITIVE, default=1, help="microbatches of --dataset, seeds from --seed (default 1)")
+    parser.add_argument("--samples", type=POSITIVE, default=None, help="samples per --dataset microbatch (default: its own)")
+    parser.add_argument("--patch-dim", type=POSITIVE, default=16, help="patch size of --dataset microbatches (default 16)")
+    parser.add_argument("--cp", type=RANKS, action="append", help="CP size (repeatable; default 2 4 8)")
+    parser.add_argument("--alpha", type=number(int, 0), default=None, help="alpha of the p*(p+alpha) cost (default 3072 = 3 x 1024)")
     parser.add_argument("--png", help="save a bar chart here")
     parser.set_defaults(func=run)
 
@@ -31,11 +31,7 @@ def run(args) -> int:
 
     specs = _specs(args)
     cps = args.cp or [2, 4, 8]
-    if any(cp < 1 for cp in cps):
-        raise UsageError(f"--cp must be a positive integer, got {cps}")
     alpha = balance.DEFAULT_ALPHA if args.alpha is None else args.alpha
-    if alpha < 0:
-        raise UsageError(f"--alpha must be >= 0, got {alpha}")
     print(f"{len(specs)} microbatch(es): {_describe(specs)}; alpha = {alpha}\n")
     if len(specs) == 1:
         balances = [b for cp in cps for b in balance.compare(specs[0], cp, alpha)]
@@ -58,8 +54,6 @@ def _specs(args):
     if (args.source is None) == (args.dataset is None):
         raise UsageError("give either a spec file or folder, or --dataset NAME (not both)")
     if args.dataset is not None:
-        if args.seeds < 1:
-            raise UsageError(f"--seeds must be a positive integer, got {args.seeds}")
         try:
             seeds = range(args.seed, args.seed + args.seeds)
             return [generate(args.dataset, s, samples=args.samples, patch_dim=args.patch_dim) for s in seeds]

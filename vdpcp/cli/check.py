@@ -18,13 +18,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from vdpcp.cli import DTYPES, IMPL_HELP, LOSSES, SPLITS, UsageError, add_budget_option, add_run_options, checked_impls, checked_splits
+from vdpcp.cli import (DTYPES, IMPL_HELP, LOSSES, RANKS, SPLITS, UsageError, add_budget_option, add_run_options, checked_impls,
+                       checked_splits)
 from vdpcp.progress import add_maxfail_options
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("check", help=__doc__.splitlines()[0].split(": ", 1)[1], description=__doc__)
-    parser.add_argument("--cp", type=int, nargs="+", metavar="N", help="CP sizes to run (default: 1 2 4 8)")
+    parser.add_argument("--cp", type=RANKS, nargs="+", metavar="N", help="CP sizes to run (default: 1 2 4 8)")
     parser.add_argument("--impl", nargs="+", metavar="IMPL", help=f"implementations under test (default: reference mcore): {IMPL_HELP}")
     parser.add_argument("--split", nargs="+", metavar="SPLIT",
                         help="partitions to run, as the implementations name them (default: every one each has; the "
@@ -52,9 +53,6 @@ def select(args) -> tuple[list, list]:
     from vdpcp.case import Case
     from vdpcp.spec import SpecError
 
-    for n in args.cp or ():
-        if n < 1:
-            raise UsageError(f"--cp {n}: expected a positive number of ranks")
     cps = tuple(args.cp or scenarios.CP_SIZES)
     from vdpcp.impls import BUILT_INS
 
@@ -101,7 +99,6 @@ def main(args) -> int:
     from vdpcp.harness.config import configure, planned_backend, resolve_backend
     from vdpcp.runner import preload_case_modules, run_judged
 
-    progress.checked_maxfail(args.maxfail)  # a bad value is a usage error before anything runs
     cases, table = select(args)
     cases, left_out = scenarios.confirm_once(cases, lambda case: planned_backend(args.backend, case.world_size))
     if args.list:

@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from vdpcp.cli import UsageError, checked_impls, checked_splits
+from vdpcp.cli import POSITIVE, RANKS, SEED, checked_impls, checked_splits
 from vdpcp.cli.replay import add_case_arguments, check_mutant
 
 DEFAULT_OUT = Path("fuzz-out")
@@ -23,10 +23,10 @@ DEFAULT_OUT = Path("fuzz-out")
 def register(subparsers) -> None:
     parser = subparsers.add_parser("fuzz", help="search random microbatches for a sharding failure and shrink it",
                                    description=__doc__)
-    parser.add_argument("--cp", type=int, required=True, help="CP ranks")
-    parser.add_argument("--budget", type=int, default=None,
+    parser.add_argument("--cp", type=RANKS, required=True, help="CP ranks")
+    parser.add_argument("--budget", type=POSITIVE, default=None,
                         help="microbatches to draw before giving up; shrinking runs come on top (default: 100)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the search (default 0)")
+    parser.add_argument("--seed", type=SEED, default=0, help="seed of the search (default 0)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"folder for the shrunk spec (default {DEFAULT_OUT})")
     add_case_arguments(parser)
     parser.set_defaults(func=main)
@@ -35,11 +35,7 @@ def register(subparsers) -> None:
 def main(args) -> int:
     from vdpcp.fuzz import DEFAULT_BUDGET, Search, fuzz
 
-    if args.cp < 1:
-        raise UsageError(f"--cp {args.cp}: expected a positive number of ranks")
     budget = DEFAULT_BUDGET if args.budget is None else args.budget
-    if budget < 1:
-        raise UsageError(f"--budget {budget}: expected a positive number of microbatches")
     from vdpcp.impls import resolve
     from vdpcp.runner import preload_case_modules
 

@@ -42,7 +42,6 @@ def main(args) -> int:
     from vdpcp.mutants import MUTANTS
     from vdpcp.runner import preload_case_modules
 
-    progress.checked_maxfail(args.maxfail)  # a bad value is a usage error before anything runs
     impl = checked_impls([args.impl])[0]
     applicable = [n for n, m in MUTANTS.items() if m.generic or impl == "reference"]
     unknown = [n for n in args.names if n not in applicable]

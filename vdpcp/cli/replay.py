@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vdpcp.cli import DTYPES, IMPL_HELP, SPLITS, UsageError, add_budget_option, add_run_options, checked_impls
+from vdpcp.cli import DTYPES, IMPL_HELP, RANKS, SPLITS, UsageError, add_budget_option, add_run_options, checked_impls
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("replay", help=__doc__.splitlines()[0].split(": ", 1)[1], description=__doc__)
     parser.add_argument("spec", metavar="SPEC.json", type=Path, help="a microbatch spec file")
-    parser.add_argument("--cp", type=int, default=None, help="CP ranks (default: the file's case.cp, else the name's -cp<N> tag)")
+    parser.add_argument("--cp", type=RANKS, default=None, help="CP ranks (default: the file's case.cp, else the name's -cp<N> tag)")
     parser.add_argument("--outputs-only", action="store_true", help="check the outputs alone (no backward)")
     add_case_arguments(parser)
     parser.set_defaults(func=main)
@@ -59,8 +59,8 @@ def load_saved(path: Path, cp: int | None = None, **options):
         case = found.to_case(cp=cp, **options)
     except SpecError as err:
         raise UsageError(str(err)) from None
-    if case.cp < 1:
-        raise UsageError(f"--cp {case.cp}: expected a positive number of ranks")
+    if case.cp < 1:  # --cp is refused out of range as it is parsed: this is the file's own
+        raise UsageError(f"{path}: CP size {case.cp}: expected a positive number of ranks")
     checked_impls([case.impl])
     case = _own_split(case, options.get("split"), path)
     check_mutant(case.mutant)
