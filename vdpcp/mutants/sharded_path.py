@@ -1,81 +1,15 @@
-"""Named mutants of the sharded path: plausible bugs the matrix must catch.
+"""Named bugs of vdpcp's own sharded path (plan, split, gather, model and loss, groups and TP), as monkeypatches.
 
-A mutant is a set of monkeypatches over vdpcp's own modules (never MCore's), applied inside every rank for
-the duration of one case, so the reference code itself stays clean. ``vdpcp mutants`` runs the matrix
-against each and reports which case killed it.
-
-Each mutant names its kill set: a few matrix case ids (vdpcp.scenarios), in order, that should kill it, so
-the search can stop at the first kill. A mutant that survives its kill set is then run against the whole
-matrix before it is called a survivor.
+Each is a plausible bug the matrix must catch, written as replacements of vdpcp's own module attributes (never
+MCore's), built inside the rank. They apply to the reference; a bug at the interface, for any implementation,
+lives in vdpcp.mutants.interface.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from contextlib import contextmanager
-from dataclasses import dataclass
+from vdpcp.mutants.registry import mutant
 
-from vdpcp.protocol import MAIN_OUTPUT
-
-
-@dataclass(frozen=True)
-class Mutant:
-    name: str
-    bug: str  # the plausible bug, in one sentence
-    patches: Callable[[], dict[str, object]] | None = None  # "module:attr" -> replacement, built inside the rank
-    wrap: Callable[[object], object] | None = None  # implementation -> mutated implementation (any implementation)
-    kills: tuple[str, ...] = ()  # matrix case ids expected to kill it (for the reference), cheapest and surest first
-
-    @property
-    def generic(self) -> bool:
-        return self.wrap is not None
-
-
-MUTANTS: dict[str, Mutant] = {}
-
-
-def mutant(name: str, bug: str, kills: tuple[str, ...] = ()):
-    """A named bug in vdpcp's own sharded path, as monkeypatches of its modules."""
-    def register(patches):
-        MUTANTS[name] = Mutant(name, bug, patches=patches, kills=tuple(kills))
-        return patches
-
-    return register
-
-
-def generic(name: str, bug: str, kills: tuple[str, ...] = ()):
-    """A bug at the interface, for any implementation: a wrapper around it."""
-    def register(wrap):
-        MUTANTS[name] = Mutant(name, bug, wrap=wrap, kills=tuple(kills))
-        return wrap
-
-    return register
-
-
-@contextmanager
-def applied(name: str | None, impl):
-    """The implementation to check while the named mutant is in force (``impl`` itself for None)."""
-    if name is None:
-        yield impl
-        return
-    if name not in MUTANTS:
-        raise KeyError(f"unknown mutant {name!r}; known: {sorted(MUTANTS)}")
-    found = MUTANTS[name]
-    if found.generic:
-        yield found.wrap(impl)
-        return
-    saved = []
-    try:
-        for target, replacement in found.patches().items():
-            module_name, attr = target.split(":")
-            module = importlib.import_module(module_name)
-            saved.append((module, attr, getattr(module, attr)))
-            setattr(module, attr, replacement)
-        yield impl
-    finally:
-        for module, attr, original in reversed(saved):
-            setattr(module, attr, original)
+# --- the gather, the first two bugs written (MUTANTS keeps this file's order) ---------------------------
 
 
 @mutant(
@@ -357,8 +291,6 @@ def _replicated_loss():
     return {"vdpcp.oracle:rank_loss": rank_loss}
 
 
-
-
 # --- groups and ranks (parallel layouts, execution, rank-asymmetric bugs) -----------------------------
 
 
@@ -493,154 +425,3 @@ def _backward_reduces_to_rank_0():
         return ReducedToRank0.apply(local, list(counts), group)
 
     return {"vdpcp.sharded:gather_features": gather}
-
-
-# --- at the interface: any implementation ----------------------------------------------------------------
-
-
-class _Wrapped:
-    """An implementation with its sharded encode's outputs changed; everything else is the subject's own.
-
-    ``change(outputs, config, group)`` gets the subject's outputs by name (vdpcp.protocol.outputs_of) and
-    returns them changed; ``around`` (optional) runs the subject's encode itself instead.
-    """
-
-    def __init__(self, subject, change=None, around=None):
-        self._subject, self._change, self._around = subject, change, around
-
-    def __getattr__(self, attr):
-        return getattr(self._subject, attr)
-
-    def encode_sharded(self, model, inputs, config, group):
-        from vdpcp.protocol import outputs_of
-
-        if self._around is not None:
-            return self._around(self._subject, model, inputs, config, group)
-        outputs = outputs_of(self._subject.encode_sharded(model, inputs, config, group), "encode_sharded")
-        return self._change(outputs, config, group) if config.shard_vision else outputs
-
-
-class MutantDoesNotApply(RuntimeError):
-    """The implementation lacks what the mutant changes (a second output, say): nothing to mutate."""
-
-
-NOT_APPLICABLE = "mutant does not apply"
-
-
-def gradient_changed(tensor, change: Callable):
-    """``tensor`` as it is going forward; its gradient handed back as ``change(gradient)``: the plumbing of a
-    gradient bug (mutants here, and test subjects whose gradients are off on purpose)."""
-    import torch
-
-    class Changed(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, t):
-            return t.view_as(t)
-
-        @staticmethod
-        def backward(ctx, grad):
-            return change(grad)
-
-    return Changed.apply(tensor)
-
-
-def _cp_rank(group) -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank(group)
-
-
-def _roll_on_last_rank(outputs, name: str, group):
-    """The last CP rank's copy of output ``name`` off by one row (a rank-local indexing bug); other ranks untouched."""
-    import torch.distributed as dist
-
-    if _cp_rank(group) == dist.get_world_size(group) - 1 and outputs[name].shape[0] > 1:
-        outputs[name] = outputs[name].roll(1, 0)
-    return outputs
-
-
-@generic(
-    "features-rolled-on-last-rank",
-    "the last CP rank's copy of the gathered features is off by one row (a rank-local indexing bug): every "
-    "other rank is right",
-    kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count"),
-)
-def _features_rolled_on_last_rank(impl):
-    def change(outputs, config, group):
-        return _roll_on_last_rank(outputs, MAIN_OUTPUT, group)
-
-    return _Wrapped(impl, change)
-
-
-@generic(
-    "secondary-output-rolled-on-last-rank",
-    "a second output over the same tokens (DeepStack features, say) is gathered out of rank order on the last CP "
-    "rank: the main features are right everywhere",
-    kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count"),
-)
-def _secondary_output_rolled_on_last_rank(impl):
-    def change(outputs, config, group):
-        secondary = [name for name in outputs if name != MAIN_OUTPUT]
-        if not secondary:
-            raise MutantDoesNotApply(f"{NOT_APPLICABLE}: {impl.name} returns one output, so it has no second one to "
-                                     f"get wrong")
-        return _roll_on_last_rank(outputs, secondary[-1], group)
-
-    return _Wrapped(impl, change)
-
-
-@generic(
-    "grad-dropped-on-rank-1",
-    "CP rank 1's language-model gradient never reaches the ranks that own the images (zeroed before the "
-    "gather's backward): forward is right, and so is every other rank's contribution",
-    kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count-zigzag"),
-)
-def _grad_dropped_on_rank_1(impl):
-    import torch
-
-    def change(outputs, config, group):  # rank 1 still takes part in every backward collective, with zeros
-        if _cp_rank(group) != 1:
-            return outputs
-        return {name: gradient_changed(t, torch.zeros_like) for name, t in outputs.items()}
-
-    return _Wrapped(impl, change)
-
-
-@generic(
-    "loss-replicated",
-    "each CP rank's loss gradient is summed over the CP group before the gather's backward (as if every rank's "
-    "loss covered every rank's tokens), so the summed gradients count each row CP times",
-    kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count"),
-)
-def _loss_replicated(impl):
-    from vdpcp import comm
-
-    def change(outputs, config, group):
-        summed = lambda grad: comm.all_reduce_sum(grad.contiguous(), group)  # noqa: E731
-        return {name: gradient_changed(t, summed) for name, t in outputs.items()}
-
-    return _Wrapped(impl, change)
-
-
-@generic(
-    "tower-detached-on-last-rank",
-    "the last CP rank runs its tower outside autograd (parameters frozen for its call), so its outputs are right "
-    "but its tower gets no gradient: the placeholder-only rank that skips its real work, seen from outside",
-    kills=("three-images-cp4-reference-count", "one-image-cp2-reference-count"),
-)
-def _tower_detached_on_last_rank(impl):
-    import torch.distributed as dist
-
-    def encode_sharded(subject, model, inputs, config, group):
-        if not (config.shard_vision and _cp_rank(group) == dist.get_world_size(group) - 1):
-            return subject.encode_sharded(model, inputs, config, group)
-        params = [p for p in model.parameters() if p.requires_grad]
-        for p in params:
-            p.requires_grad_(False)
-        try:
-            return subject.encode_sharded(model, inputs, config, group)
-        finally:
-            for p in params:
-                p.requires_grad_(True)
-
-    return _Wrapped(impl, around=encode_sharded)

@@ -1,0 +1,161 @@
+"""Generic mutants: bugs at the interface, for ANY implementation, as wrappers around it (``@generic``).
+
+Each wraps an implementation's ``encode_sharded`` and changes what it returns (``_Wrapped(impl, change)``) or how
+it runs (``_Wrapped(impl, around=...)``); ``vdpcp mutants --impl X`` runs them against a user's implementation.
+To add one: a function from the implementation to its wrapper, under ``@generic(name, bug, kills=...)``, below the
+others (MUTANTS keeps the order). ``gradient_changed`` is the plumbing of a gradient bug, also used by test
+subjects whose gradients are off on purpose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from vdpcp.mutants.registry import generic
+from vdpcp.protocol import MAIN_OUTPUT, outputs_of
+
+
+class _Wrapped:
+    """An implementation with its sharded encode's outputs changed; everything else is the subject's own.
+
+    ``change(outputs, config, group)`` gets the subject's outputs by name (vdpcp.protocol.outputs_of) and
+    returns them changed; ``around`` (optional) runs the subject's encode itself instead.
+    """
+
+    def __init__(self, subject, change=None, around=None):
+        self._subject, self._change, self._around = subject, change, around
+
+    def __getattr__(self, attr):
+        return getattr(self._subject, attr)
+
+    def encode_sharded(self, model, inputs, config, group):
+        if self._around is not None:
+            return self._around(self._subject, model, inputs, config, group)
+        outputs = outputs_of(self._subject.encode_sharded(model, inputs, config, group), "encode_sharded")
+        return self._change(outputs, config, group) if config.shard_vision else outputs
+
+
+class MutantDoesNotApply(RuntimeError):
+    """The implementation lacks what the mutant changes (a second output, say): nothing to mutate."""
+
+
+NOT_APPLICABLE = "mutant does not apply"
+
+
+def gradient_changed(tensor, change: Callable):
+    """``tensor`` as it is going forward; its gradient handed back as ``change(gradient)``: the plumbing of a
+    gradient bug (mutants here, and test subjects whose gradients are off on purpose)."""
+    import torch
+
+    class Changed(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return change(grad)
+
+    return Changed.apply(tensor)
+
+
+def _cp_rank(group) -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank(group)
+
+
+def _roll_on_last_rank(outputs, name: str, group):
+    """The last CP rank's copy of output ``name`` off by one row (a rank-local indexing bug); other ranks untouched."""
+    import torch.distributed as dist
+
+    if _cp_rank(group) == dist.get_world_size(group) - 1 and outputs[name].shape[0] > 1:
+        outputs[name] = outputs[name].roll(1, 0)
+    return outputs
+
+
+@generic(
+    "features-rolled-on-last-rank",
+    "the last CP rank's copy of the gathered features is off by one row (a rank-local indexing bug): every "
+    "other rank is right",
+    kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count"),
+)
+def _features_rolled_on_last_rank(impl):
+    def change(outputs, config, group):
+        return _roll_on_last_rank(outputs, MAIN_OUTPUT, group)
+
+    return _Wrapped(impl, change)
+
+
+@generic(
+    "secondary-output-rolled-on-last-rank",
+    "a second output over the same tokens (DeepStack features, say) is gathered out of rank order on the last CP "
+    "rank: the main features are right everywhere",
+    kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count"),
+)
+def _secondary_output_rolled_on_last_rank(impl):
+    def change(outputs, config, group):
+        secondary = [name for name in outputs if name != MAIN_OUTPUT]
+        if not secondary:
+            raise MutantDoesNotApply(f"{NOT_APPLICABLE}: {impl.name} returns one output, so it has no second one to "
+                                     f"get wrong")
+        return _roll_on_last_rank(outputs, secondary[-1], group)
+
+    return _Wrapped(impl, change)
+
+
+@generic(
+    "grad-dropped-on-rank-1",
+    "CP rank 1's language-model gradient never reaches the ranks that own the images (zeroed before the "
+    "gather's backward): forward is right, and so is every other rank's contribution",
+    kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count-zigzag"),
+)
+def _grad_dropped_on_rank_1(impl):
+    import torch
+
+    def change(outputs, config, group):  # rank 1 still takes part in every backward collective, with zeros
+        if _cp_rank(group) != 1:
+            return outputs
+        return {name: gradient_changed(t, torch.zeros_like) for name, t in outputs.items()}
+
+    return _Wrapped(impl, change)
+
+
+@generic(
+    "loss-replicated",
+    "each CP rank's loss gradient is summed over the CP group before the gather's backward (as if every rank's "
+    "loss covered every rank's tokens), so the summed gradients count each row CP times",
+    kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count"),
+)
+def _loss_replicated(impl):
+    from vdpcp import comm
+
+    def change(outputs, config, group):
+        summed = lambda grad: comm.all_reduce_sum(grad.contiguous(), group)  # noqa: E731
+        return {name: gradient_changed(t, summed) for name, t in outputs.items()}
+
+    return _Wrapped(impl, change)
+
+
+@generic(
+    "tower-detached-on-last-rank",
+    "the last CP rank runs its tower outside autograd (parameters frozen for its call), so its outputs are right "
+    "but its tower gets no gradient: the placeholder-only rank that skips its real work, seen from outside",
+    kills=("three-images-cp4-reference-count", "one-image-cp2-reference-count"),
+)
+def _tower_detached_on_last_rank(impl):
+    import torch.distributed as dist
+
+    def encode_sharded(subject, model, inputs, config, group):
+        if not (config.shard_vision and _cp_rank(group) == dist.get_world_size(group) - 1):
+            return subject.encode_sharded(model, inputs, config, group)
+        params = [p for p in model.parameters() if p.requires_grad]
+        for p in params:
+            p.requires_grad_(False)
+        try:
+            return subject.encode_sharded(model, inputs, config, group)
+        finally:
+            for p in params:
+                p.requires_grad_(True)
+
+    return _Wrapped(impl, around=encode_sharded)
