@@ -5,21 +5,29 @@ Pure arithmetic over shapes (no torch, no torch.distributed): a 70-byte spec can
 every entry point sizes a case here first (``check``) and refuses one over the limit in one line that names the
 field and the figure, instead of starting to allocate it next to other jobs.
 
-What a case costs, as the oracle runs it (vdpcp.oracle.check), on EVERY one of its ranks, all of them on this
-machine (the harness launches them here):
+What a case costs, as the oracle runs it (vdpcp.oracle.check), on EVERY one of its ranks:
 
-- the unsharded arm: the whole microbatch through the encoder, forward and backward (inputs, their gradient,
-  the activations autograd keeps) -- ``unsharded``;
-- the sharded arm beside it: the whole microbatch's inputs again, and this rank's shard through the encoder
-  (estimated under a split by count: whole units, the remainder on the last rank, which is the busiest);
-- the loss weights, one tensor of the features' shape per CP rank, and both models with their gradients.
+- resident through the case: the model and three sets of its gradients (the unsharded arm's, set aside; this
+  rank's own share of them; the sharded arm's), both arms' microbatch and input gradients, the loss weights, and
+  this rank's shard through the encoder (estimated under a split by count: whole units, the remainder on the last
+  rank, which is the busiest) -- ``resident``;
+- on top, for a while: the unsharded arm (the whole microbatch, forward and backward) and, below float64, its
+  exact run (vdpcp.precision: a copy of the model in float32 or float64 with two sets of gradients, and the arm
+  again in that dtype) -- ``turn``. Ranks sharing a GPU take those turns one at a time where all at once would
+  not fit (vdpcp.harness.turns).
+
+On the CPU every rank of a case is on this machine: they must fit its memory limit together, and their work
+(``flops``: 6 x parameters x patches per arm) its compute limit, so a real-size tower is refused here up front,
+not left to run for an hour. On a GPU the busiest GPU must hold its ranks.
 
 One arm's cost per patch is the implementation's ``patch_bytes(case)`` where it declares one (vdpcp.protocol),
-else this module's estimate for vdpcp's toy tower (``toy_arm_bytes``), measured against the real peak.
+else this module's estimate for vdpcp's toy tower (``toy_arm_bytes``), measured against the real peak; its
+parameters its ``param_count(case)``, else the toy tower's.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -34,6 +42,11 @@ FLAG = "--max-spec-bytes"
 # 2.1 GiB at CP=4; a 36-image one (83k patches) needs 34 GiB at CP=8, more than such a machine has, and is refused,
 # as is a size typo (one 65536 x 65536 image: terabytes).
 DEFAULT_LIMIT = 8 * GiB
+# A real-size tower's case on this machine's 2 cores: a ViT-L-sized tower on one 448 px image at CP 2 is about 12
+# TFLOP (forward and backward of both arms and the exact run, every rank), some minutes; the toy towers' largest
+# case (Automodel's 8k-patch threshold microbatch) is about 0.1. A case over this is refused on the CPU, not run.
+DEFAULT_FLOPS = 2e12
+FLOPS_ENV, FLOPS_FLAG = "VDPCP_MAX_CASE_TFLOP", "--max-case-tflop"
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2}
 CHANNELS = 3
 # A microbatch's packed patches are held three times over in an arm: the patches, their gradient, and that
@@ -74,15 +87,32 @@ def parse_bytes(value, source: str) -> int:
     return int(number * scale)
 
 
-def limit() -> tuple[int, str]:
-    """(bytes a case may need on this machine, where that figure comes from): limited(), else VDPCP_MAX_SPEC_BYTES,
-    else DEFAULT_LIMIT."""
+def limit(device: str = "cpu") -> tuple[int, str]:
+    """(bytes a case may need, where that figure comes from): limited(), else VDPCP_MAX_SPEC_BYTES, else
+    DEFAULT_LIMIT on the CPU and on a GPU nine tenths of its memory (the rest is CUDA's and the allocator's)."""
     if _override:
         return _override[-1]
     env = os.environ.get(ENV)
     if env is not None and env.strip():
         return parse_bytes(env, ENV), f"{ENV}={env.strip()}"
+    if device == "cuda":
+        return int(0.9 * gpu_memory()), "nine tenths of the GPU's memory"
     return DEFAULT_LIMIT, "the default limit"
+
+
+def flops_limit() -> tuple[float, str]:
+    """(floating-point operations a case may take on the CPU, where that figure comes from): VDPCP_MAX_CASE_TFLOP,
+    else DEFAULT_FLOPS. A GPU has no such limit."""
+    env = os.environ.get(FLOPS_ENV)
+    if env is None or not env.strip():
+        return DEFAULT_FLOPS, "the default limit"
+    try:
+        tflop = float(env)
+    except ValueError:
+        tflop = -1.0
+    if not tflop > 0:
+        raise BudgetError(f"{FLOPS_ENV} is {env!r}; expected a positive number of TFLOP, e.g. 50")
+    return tflop * 1e12, f"{FLOPS_ENV}={env.strip()}"
 
 
 @contextmanager
@@ -110,13 +140,16 @@ def override() -> tuple[int, str] | None:
 
 @dataclass(frozen=True)
 class Need:
-    """A case's estimated memory, in bytes, from its shapes."""
+    """A case's estimated memory, in bytes, and work, from its shapes."""
 
     patches: int  # real patches of the microbatch
     unsharded: int  # one unsharded arm: the whole microbatch through the encoder, forward and backward
-    ranks: tuple[int, ...]  # what each CP rank holds at its peak (both arms of the oracle), in CP rank order
+    ranks: tuple[int, ...]  # each CP rank's own peak (resident + its turn), in CP rank order
     replicas: int  # ranks per CP rank (DP replicas x TP ranks), each holding as much
     dtype: str
+    resident: tuple[int, ...] = ()  # what each CP rank holds through the case: the model, gradients, its shard's arm
+    turn: tuple[int, ...] = ()  # on top, while it runs the unsharded arm and its exact run (one at a time on a GPU)
+    flops: float = 0.0  # the whole case, every rank: forward and backward of every arm
 
     @property
     def per_rank(self) -> int:
@@ -128,8 +161,16 @@ class Need:
 
     @property
     def total(self) -> int:
-        """On this machine: every rank of the case."""
+        """On this machine: every rank of the case at its peak at once."""
         return sum(self.ranks) * self.replicas
+
+    def colocated(self, turns: bool, ranks: int | None = None) -> int:
+        """The peak of ``ranks`` of the case's ranks (default: all) sharing one device, the busiest ones; with
+        ``turns`` they run their unsharded arms one at a time (vdpcp.harness.turns)."""
+        every = sorted(zip(self.resident * self.replicas, self.turn * self.replicas), reverse=True)[: ranks or self.world]
+        if not every:
+            return 0
+        return sum(r for r, _ in every) + (max(t for _, t in every) if turns else sum(t for _, t in every))
 
     def text(self, patches: bool = True) -> str:
         ranks = f"{self.world} rank{'s' if self.world > 1 else ''}" + (f" x up to {human(self.per_rank)}" if self.world > 1 else "")
@@ -138,65 +179,111 @@ class Need:
                 f"alone {human(self.unsharded)})")
 
 
+EXACT = {"bfloat16": "float32", "float32": "float64"}  # vdpcp.precision's exact run, by the case's dtype
+# Besides its weights, a rank holds three sets of gradients through a case: the unsharded arm's, set aside; its own
+# share of them (the rank-alone expectation); the sharded arm's own. Its exact run holds a copy, its gradients and
+# its own-share gradients.
+GRAD_SETS, EXACT_COPIES = 3, 3
+
+
 def need(case, patch_bytes: int | None = None) -> Need:
     """What ``case`` will need. ``patch_bytes``: one arm's bytes per patch, as an implementation declares it
     (default: its ``patch_bytes(case)``, else the toy tower's estimate)."""
-    if patch_bytes is None:
-        patch_bytes = declared_patch_bytes(case)
     spec, d = case.spec, DTYPE_BYTES[case.dtype]
     units = _units(spec)
     patches = sum(spec.row_patches)
-    inputs = patches * CHANNELS * spec.patch_dim**2 * INPUT_COPIES * d  # the sharded arm's whole microbatch
+    params = _params(case)
 
-    def arm(shard) -> int:
-        if patch_bytes is not None:
-            return sum(rows * p for rows, p, _ in shard) * patch_bytes
-        return toy_arm_bytes(case, shard)
+    def arm(shard, dtype: str = case.dtype) -> int:
+        per_patch = patch_bytes if patch_bytes is not None else declared_patch_bytes(case.with_(dtype=dtype))
+        if per_patch is not None:
+            return sum(rows * p for rows, p, _ in shard) * per_patch
+        return toy_arm_bytes(case.with_(dtype=dtype), shard)
 
     unsharded = arm(units)
+    exact = EXACT.get(case.dtype)
+    turn = max(unsharded, arm(units, exact) + EXACT_COPIES * params * DTYPE_BYTES[exact] if exact else 0)
+    inputs = 2 * patches * CHANNELS * spec.patch_dim**2 * INPUT_COPIES * d  # both arms' microbatch and its gradients
     weights = case.cp * _tokens(units) * _lm_hidden(case) * d  # W_r of every CP rank, on every rank
-    fixed = 4 * _params(case) * d  # two models, each with its gradients
-    if case.config.shard_vision:
-        shards = _count_shards(units, case.cp)
-        ranks = tuple(unsharded + inputs + arm(shard) + weights + fixed for shard in shards)
-    else:
-        ranks = (2 * unsharded + weights + fixed,) * case.cp
-    return Need(patches, unsharded, ranks, case.dp * case.tp, case.dtype)
+    fixed = (1 + GRAD_SETS) * params * d + inputs + weights
+    shards = _count_shards(units, case.cp) if case.config.shard_vision else [units] * case.cp
+    resident = tuple(fixed + arm(shard) for shard in shards)
+    arms = 2 + (exact is not None)
+    flops = 6.0 * params * patches * arms * case.cp * case.dp * case.tp
+    return Need(patches, unsharded, tuple(r + turn for r in resident), case.dp * case.tp, case.dtype, resident,
+                (turn,) * case.cp, flops)
 
 
-def check(case, source: str | None = None) -> Need:
-    """need(case), or SpecTooLarge (one line: the field, the figure, the limit and how to raise it) when it is over."""
+def device_for(backend: str | None, world_size: int) -> str:
+    """Where a case's ranks keep their tensors: "cuda" for NCCL ranks (the backend as planned for ``world_size``
+    ranks) and for gloo ranks with VDPCP_DEVICE=cuda, else "cpu"."""
+    from vdpcp.harness.config import planned_backend
+
+    if os.environ.get("VDPCP_DEVICE") == "cuda" or planned_backend(backend, world_size) == "nccl":
+        return "cuda"
+    return "cpu"
+
+
+def check(case, source: str | None = None, device: str | None = None) -> Need:
+    """need(case), or SpecTooLarge (one line: the field, the figure, the limit and how to raise it) when it is over
+    what ``device`` allows (default: device_for the configured backend): on the CPU this machine's memory limit
+    and its compute limit; on a GPU the busiest GPU's memory."""
+    device = device or device_for(None, case.world_size)
     found = need(case)
-    allowed, where = limit()
-    if found.total > allowed:
-        spec = case.spec
-        prefix = f"{source}: " if source else ""
-        from vdpcp.spec import SpecTooLarge
+    allowed, where = limit(device)
+    prefix = f"{source}: " if source else ""
+    from vdpcp.spec import SpecTooLarge
 
+    held = found.total if device == "cpu" else _on_one_gpu(found)
+    if held > allowed:
         raise SpecTooLarge(
-            f"{prefix}{_culprit(spec)}: at CP={case.cp} the case needs {found.text(patches=False)}, over {where} of "
+            f"{prefix}{_culprit(case.spec)}: at CP={case.cp} the case needs {found.text(patches=False)}, over {where} of "
             f"{human(allowed)}; raise it with {FLAG} (pytest: --vdpcp-max-spec-bytes) or {ENV} where the machine has the memory")
+    if device == "cpu":
+        work, most, said = found.flops, *flops_limit()
+        if work > most:
+            raise SpecTooLarge(
+                f"{prefix}{_culprit(case.spec)}: at CP={case.cp} the case is about {work / 1e12:,.1f} TFLOP of "
+                f"{case.tower}-size tower work on the CPU, too slow for this machine (over {said} of "
+                f"{most / 1e12:g} TFLOP, minutes a case on 2 cores); run it on a GPU (VDPCP_DEVICE=cuda or --backend "
+                f"nccl), or raise it with {FLOPS_FLAG} or {FLOPS_ENV}")
     return found
 
 
-def fits(case) -> bool:
-    return need(case).total <= limit()[0]
+def fits(case, device: str | None = None) -> bool:
+    from vdpcp.spec import SpecTooLarge
+
+    try:
+        check(case, device=device)
+    except SpecTooLarge:
+        return False
+    return True
+
+
+def _on_one_gpu(found: Need) -> int:
+    """What the busiest GPU holds: one rank per GPU, or the ranks sharing each taking turns (vdpcp.oracle)."""
+    gpus = max(gpu_count(), 1)
+    per_gpu = -(-found.world // gpus)
+    return found.colocated(turns=per_gpu > 1, ranks=per_gpu)
 
 
 def declared_patch_bytes(case) -> int | None:
     """The implementation's own bytes per patch for one arm (``patch_bytes(case)``), or None."""
+    value = _declared(case, "patch_bytes")
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+        raise BudgetError(f"{case.impl}: patch_bytes(case) is {value!r}; expected a positive int (bytes per patch)")
+    return value
+
+
+def _declared(case, part: str):
     from vdpcp.impls import ImplError, resolve
 
     try:
-        declared = getattr(resolve(case.impl), "patch_bytes", None)
+        impl = resolve(case.impl)
     except ImplError:
         return None  # sized as the toy tower; the ranks then report the bad target as they always have
-    value = declared(case) if callable(declared) else declared
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise BudgetError(f"{case.impl}: patch_bytes(case) is {value!r}; expected a positive int (bytes per patch)")
-    return value
+    declared = getattr(impl, part, None)
+    return declared(case) if callable(declared) else declared
 
 
 def toy_arm_bytes(case, units) -> int:
@@ -218,7 +305,8 @@ def toy_params(case) -> int:
 
     c = _tower(case)
     h, lm, inp = c["hidden"], c["lm_hidden"], case.spec.temporal_patch_size * CHANNELS * case.spec.patch_dim**2
-    embed = inp * h + h + min(positions_needed(case.spec.grids), c["max_grid"]) ** 2 * h
+    kept = min(positions_needed(case.spec.grids), c["max_grid"]) if case.tower == "toy" else c["max_grid"]
+    embed = inp * h + h + kept**2 * h
     block = 2 * h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (4 * h * h + 4 * h) + (4 * h * h + h)
     projector = 8 * h + (4 * h * lm + lm) + (lm * lm + lm)
     return embed + c["layers"] * block + 2 * h + projector
@@ -237,7 +325,33 @@ def _lm_hidden(case) -> int:
 
 
 def _params(case) -> int:
-    return toy_params(case) if declared_patch_bytes(case) is None else 0
+    """The tower's parameters: as the implementation declares them (``param_count``), vdpcp's toy tower's where it
+    builds that one, else unknown (0)."""
+    declared = _declared(case, "param_count")
+    if declared is not None:
+        return int(declared)
+    from vdpcp.impls import ImplError, resolve
+    from vdpcp.protocol import builds_toy_tower
+
+    try:
+        toy = builds_toy_tower(resolve(case.impl))
+    except ImplError:
+        toy = True
+    return toy_params(case) if toy else 0
+
+
+def gpu_count() -> int:
+    from vdpcp.harness.config import cuda_device_count
+
+    return cuda_device_count()
+
+
+@functools.cache
+def gpu_memory() -> int:
+    """Bytes of the first GPU (the GPUs of a runner are alike)."""
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory
 
 
 def _units(spec) -> list[tuple[int, int, tuple[int, int]]]:
@@ -331,39 +445,3 @@ def resource_failure(result) -> str | None:
 
 def _clip(text: str, width: int = 160) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
-
-
-# --- long specs in reports -------------------------------------------------------------------------------
-
-SHORT_ROWS = 8  # a spec of at most this many rows is printed whole
-
-
-def summary(spec, path=None) -> str:
-    """The spec as reports print it: whole when short; else counts and size ranges, and where the whole is."""
-    if len(spec.images) <= SHORT_ROWS:
-        return str(spec.to_dict())
-    frames = spec.media_frames
-    videos = [n for n in frames if n > 1]
-    patches = spec.row_patches
-    if videos:
-        parts = [f"{spec.name}: {len(spec.images):,} rows in {len(frames):,} media items",
-                 f"{len(videos):,} videos of {_span(min(videos), max(videos))} frames (T={spec.temporal_patch_size})"]
-    else:
-        parts = [f"{spec.name}: {len(spec.images):,} images"]
-    hs, ws = [h for h, _ in spec.images], [w for _, w in spec.images]
-    parts.append(f"{_span(min(hs), max(hs))} x {_span(min(ws), max(ws))} px")
-    parts.append(f"{_span(min(patches), max(patches))} patches each, {sum(patches):,} in all (patch_dim={spec.patch_dim})")
-    parts.append(f"seed {spec.seed}")
-    return ", ".join(parts) + (f"; the whole spec: {path}" if path else "")
-
-
-def _span(low: int, high: int) -> str:
-    return f"{low:,}" if low == high else f"{low:,}-{high:,}"
-
-
-def spec_record(spec) -> dict:
-    """The spec for a JSON report: whole when short; else its name, counts and size ranges."""
-    if len(spec.images) <= SHORT_ROWS:
-        return spec.to_dict()
-    return {"name": spec.name, "rows": len(spec.images), "media": len(spec.media_frames),
-            "patches": sum(spec.row_patches), "summary": summary(spec)}

@@ -30,7 +30,7 @@ class Case:
     grads: bool = True  # False checks the outputs only (no backward)
     dp: int = 1  # data-parallel replicas around the CP groups, each with its own microbatch
     tp: int = 1  # tensor-parallel ranks inside each CP rank's vision tower (an implementation that has TP)
-    tower: str = "tiny"  # a size in vdpcp.model.TOWERS, for build_model (an implementation's own model may ignore it)
+    tower: str = "toy"  # a size the implementation's tower comes in (its ``towers``): "toy" for CPU CI, "real" as published
 
     @property
     def world_size(self) -> int:
@@ -61,7 +61,7 @@ class Case:
             parts.append("no-even-pad")
         if not self.grads:
             parts.append("outputs")
-        if self.tower != "tiny":
+        if self.tower != "toy":
             parts.append(f"tower-{self.tower}")
         if self.mutant:
             parts.append(f"mutant-{self.mutant}")
@@ -105,6 +105,12 @@ class RankResult:
     replicated: str | None = None  # the implementation's fallback policy encoded this microbatch whole, and why
     backend: str = ""  # what this rank really ran on (the harness's RankContext), not what was asked for
     device: str = ""
+    untracked: int = 0  # rows its tower took outside autograd that are not placeholders (vdpcp.oracle.Execution)
+    model: str = ""  # "built" for this case, or "reused" from an earlier one (vdpcp.model_cache)
+    precision: str = ""  # the precision the arms ran in (vdpcp.precision.in_effect: TF32 on CUDA, say)
+    turns: bool = False  # this rank took its turn on a shared GPU for the unsharded arm (vdpcp.harness.turns)
+    seconds: dict[str, float] = field(default_factory=dict)  # per phase: build, unsharded, sharded
+    memory: dict[str, int] = field(default_factory=dict)  # bytes held (model, unsharded grads, ...) and the CUDA peak
     # The unsharded encoder itself raised (e.g. an odd real grid with even padding off): the spec cannot be
     # encoded at all, so the case says nothing about sharding and is neither a pass nor a sharding failure.
     unsharded_error: str | None = None

@@ -38,12 +38,14 @@ class TowerConfig:
     seed: int = 0
 
 
-# Tower sizes a case can ask for (Case.tower): the toy tower above, and a ViT-L-sized one (as RADIO's and
-# vdpcp bench memory's) for GPU runs where activation memory should matter.
+# Tower sizes a case can ask for (Case.tower): the toy tower above (CPU CI), and the size this tower stands for,
+# ViT-L/16 as RADIO's (hidden 1024, 24 layers, 16 heads) into an LM of Nemotron Omni's width (2688), with
+# positions for grids up to 128 patches (2048 px), for GPU runs at the size people train.
 TOWERS = {
-    "tiny": {},
-    "vit-l": dict(hidden=1024, heads=16, layers=24, lm_hidden=2688),
+    "toy": {},
+    "real": dict(hidden=1024, heads=16, layers=24, lm_hidden=2688, max_grid=128),
 }
+REAL_PATCH = 16  # the real size's patch side (ViT-L/16)
 
 
 class Block(nn.Module):

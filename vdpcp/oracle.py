@@ -2,8 +2,8 @@
 
 Each CP rank r weights the gathered features with its own deterministic random tensor W_r and takes
 L_r = sum(W_r * features), as each CP rank's language model consumes its own tokens; the unsharded
-reference, computed on the same rank in one process with an identical model, takes L = sum over r of L_r.
-With sharding on, it then checks:
+reference, computed on the same rank with the same model, takes L = sum over r of L_r. With sharding on, it
+then checks:
 
 1. outputs: the gathered features on this rank equal the unsharded features, row for row;
 2. input grads: summed over the CP ranks they equal the unsharded ones; every image row has a non-zero
@@ -14,127 +14,195 @@ With sharding on, it then checks:
    weights (so the projector stays sharded: gathering before the projector passes the sum but fails this);
 4. execution, not the plan: the tower's layers ran on this rank on at least one row (an image or a
    placeholder), and every parameter the unsharded run gives a gradient has one here, so a rank holding only
-   placeholders that skips its tower (and would hang a tensor-parallel or FSDP peer) fails.
+   placeholders that skips its tower (and would hang a tensor-parallel or FSDP peer) fails;
+5. did it shard: which rows reached each rank's tower (through autograd), and how many rows each rank's tower
+   took outside autograd (no_grad, inference_mode, detached inputs) that are not placeholders: work beyond its
+   own share, which is not-sharded.
 
 With sharding off (CP=1, opt-out) every rank encodes everything: outputs, and input and parameter grads
-summed over ranks. ``grads=False`` checks outputs only. Tolerances are torch.testing.assert_close's defaults
-for the dtype, never loosened; bf16 gradients compare as vectors (_compare_norm says why).
+summed over ranks. ``grads=False`` checks outputs only. Tolerances: float64 element by element with
+assert_close's; below it, vdpcp.precision (each quantity within the dtype's rtol plus twice this case's own
+unsharded run's measured distance from a higher-precision run).
+
+The model is borrowed from the rank's cache (vdpcp.model_cache): the unsharded arm runs on it, its gradients are
+set aside, and the sharded arm runs on the same weights (or on ``subject_model``'s split of them). Ranks sharing
+one GPU take turns for the unsharded arm and its exact run where the case would not fit otherwise (vdpcp.budget).
 """
 
 from __future__ import annotations
 
 import math
+import time
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import torch
 
-from vdpcp import comm
+from vdpcp import budget, comm, model_cache, precision
 from vdpcp.case import Case, RankResult
+from vdpcp.harness.turns import turn
 from vdpcp.layout import zigzag_positions
 from vdpcp.protocol import OutputsError, outputs_of
 from vdpcp.tensor_parallel import held_part
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
-# Gradients in these dtypes compare as vectors, within assert_close's default rtol for the dtype (_compare_norm).
-# float32 too: a small tower's unsharded float32 gradients are themselves ~2e-5 off float64's on mixed-sizes, so
-# element-wise atol 1e-5 failed correct subjects; as vectors the measured gap is at most 4.7e-7 (4 eps) for the
-# reference and qwen2_5_vl at CP 2/4/8, against rtol 1.3e-6 (11 eps), and every gradient mutant moves it by O(1).
-VECTOR_RTOL = {torch.bfloat16: 1.6e-2, torch.float16: 1e-3, torch.float32: 1.3e-6}
 # The fused sequence around the vision tokens, for the zigzag loss: text before and after the media.
 TEXT_BEFORE, TEXT_AFTER = 3, 5
 DP_SEED_STRIDE = 7919  # DP replica d encodes the case's microbatch drawn with seed + d * this
 OUTPUT_SEED_STRIDE = 104_729  # output k's loss weights are drawn with seed + k * this (k = 0: the main features)
+# Ranks sharing a GPU take turns for the unsharded arm when the case's concurrent estimate is over this share of it.
+TURNS_ABOVE = 0.8
+
+
+@dataclass
+class Unsharded:
+    """What the unsharded arm leaves for the sharded one to be held to."""
+
+    batch: object
+    out: dict[str, torch.Tensor]  # detached
+    grads: list[torch.Tensor | None]  # the parameter gradients under the summed loss, set aside from the model
+    own_grads: list[torch.Tensor] | None  # this rank's own share (None: no plan to say which rows are its own)
+    ran: set[str]  # layers that ran
+    untracked: int  # rows its tower took outside autograd that are not placeholders
+    plan: object
+    weights: dict[str, list[torch.Tensor]]
+    sharded: bool
+    rounding: precision.Rounding
 
 
 def check(ctx, case: Case, impl, groups) -> RankResult:
     """Run ``case`` on this rank (its CP group in ``groups``) and compare with the unsharded encoder."""
-    dtype, device, config = DTYPES[case.dtype], ctx.device, case.config
-    cp_group, cp_rank = groups.cp, groups.cp_rank
-    spec = replica_spec(case, groups.dp_rank)
-    result = RankResult(ctx.rank, cp_rank, backend=ctx.backend, device=str(ctx.device))
-
-    # The unsharded reference runs first: if it raises too, every rank raises it alike before any
-    # collective (no rank hangs) and the case is reported as unsharded_error, not as a sharding failure.
-    reference = impl.build_model(case, dtype, device)
-    reference_ran = Execution(reference)
-    ref_batch = spec.tensors(dtype=dtype, device=device)
-    ref_batch.patches.requires_grad_(True)
+    dtype, device = DTYPES[case.dtype], ctx.device
+    result = RankResult(ctx.rank, groups.cp_rank, backend=ctx.backend, device=str(device),
+                        precision=precision.in_effect(dtype, device))
+    clock, memory = Clock(result), Memory(device)
+    model, result.model = model_cache.acquire(impl, case.impl, case, dtype, device)
+    clock.lap("build")
     try:
-        ref_out = outputs_of(impl.encode(reference, impl.inputs(ref_batch)), f"{impl.name}.encode")
-    except OutputsError:
-        raise
-    except Exception as err:
-        result.unsharded_error = f"{type(err).__name__}: {err}"
-        return result
+        with _turns(ctx, case, result):
+            unsharded = _unsharded(impl, case, model, replica_spec(case, groups.dp_rank), result, groups.cp_rank, device)
+        clock.lap("unsharded")
+        if unsharded is not None:
+            _sharded(impl, case, model, unsharded, result, groups)
+            clock.lap("sharded")
+    finally:
+        problem = model_cache.release(model)
+    if problem:
+        result.failures.append(problem)
+    result.memory = memory.figures(model, unsharded)
+    return result
 
-    # What the case expects: sharded, or encoded whole on every rank (CP=1, the opt-out, or the
-    # implementation's own fallback policy below some size).
-    result.replicated = impl.replicated(spec, config) if config.shard_vision else None
-    sharded = config.shard_vision and result.replicated is None
-    # ...and the reference finishes, backward too, before the sharded run: collectives inside a model (a
-    # tensor-parallel tower) then never interleave with the sharded run's, so a rank that skips its tower leaves
-    # its peers waiting in the sharded forward, where they say so, instead of mismatching a later collective.
-    plan = impl.plan(spec, config) if sharded else None
-    weights = {name: [loss_weights(case, spec, r, t.shape, dtype, device, output=i) for r in range(case.cp)]
-               for i, (name, t) in enumerate(ref_out.items())}
-    expected_rank_params = None
-    if case.grads:
-        own = {name: _own_weight(plan, sharded, w, cp_rank, device) for name, w in weights.items()}
-        if all(w is not None for w in own.values()):
-            expected_rank_params = _param_grads(reference, weighted(ref_out, own))
-        weighted(ref_out, {name: sum(w) for name, w in weights.items()}).backward()
-    # A tensor-parallel tower splits its MLP's sums over TP ranks, so in low precision its outputs round apart from
-    # the plain tower's too (measured on the H200 in bf16: 1 ulp, 0.0039); then they compare as gradients do.
-    measured = dtype in VECTOR_RTOL and (case.grads or case.tp > 1)
-    rounding = _rounding(impl, case, reference, ref_batch, ref_out, weights) if measured else Rounding()
 
-    # The reference's weights; split inside where the tower is tensor parallel (the reference stays plain), so
-    # the reference's gradients are held to each parameter's own part of them (tensor_parallel.held_part).
-    model = impl.subject_model(reference, case, dtype, device)
-    held = _held_by(model, groups.tp_rank, case.tp)
-    ran = Execution(model)
+def _turns(ctx, case: Case, result: RankResult):
+    """One rank at a time on a shared GPU for the unsharded arm, where all of them at once would not fit."""
+    if not getattr(ctx, "shares_device", False):
+        return nullcontext()
+    need = budget.need(case)
+    total = torch.cuda.get_device_properties(ctx.device).total_memory
+    if need.colocated(turns=False) <= TURNS_ABOVE * total:
+        return nullcontext()
+    result.turns = True
+    return turn(ctx.device)
+
+
+def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, device) -> Unsharded | None:
+    """The unsharded arm, forward and backward, then its gradients set aside and its rounding measured.
+
+    If the unsharded encoder raises, every rank raises alike before any collective (no rank hangs) and the case
+    is unsharded_error, not a sharding failure. It finishes, backward too, before the sharded run: collectives
+    inside a model (a tensor-parallel tower) then never interleave with the sharded run's."""
+    dtype, config = DTYPES[case.dtype], case.config
     batch = spec.tensors(dtype=dtype, device=device)
     batch.patches.requires_grad_(True)
-    out = outputs_of(impl.encode_sharded(model, impl.inputs(batch), config, cp_group), f"{impl.name}.encode_sharded")
-    result.encoded = ran.rows
+    with Execution(model) as ran:
+        try:
+            out = outputs_of(impl.encode(model, impl.inputs(batch)), f"{impl.name}.encode")
+        except OutputsError:
+            raise
+        except Exception as err:
+            result.unsharded_error = f"{type(err).__name__}: {err}"
+            return None
+    # What the case expects: sharded, or encoded whole on every rank (CP=1, the opt-out, or the implementation's
+    # own fallback policy below some size).
+    result.replicated = impl.replicated(spec, config) if config.shard_vision else None
+    sharded = config.shard_vision and result.replicated is None
+    plan = impl.plan(spec, config) if sharded else None
+    weights = {name: [loss_weights(case, spec, r, t.shape, dtype, device, output=i) for r in range(case.cp)]
+               for i, (name, t) in enumerate(out.items())}
+    summed = {name: sum(w) for name, w in weights.items()}
+    own_weights, own_grads = None, None
+    if case.grads:
+        own_weights = {name: _own_weight(plan, sharded, w, cp_rank, device) for name, w in weights.items()}
+        if all(w is not None for w in own_weights.values()):
+            own_grads = _param_grads(model, weighted(out, own_weights))
+        weighted(out, summed).backward()
+    params = list(model.parameters())
+    grads = [p.grad for p in params]
+    for p in params:
+        p.grad = None  # set aside: the sharded arm's gradients accumulate afresh on the same weights
+    rounding = precision.Rounding()
+    if precision.low(dtype):
+        rounding = precision.measure(impl, model, batch, out, grads, own_grads, summed,
+                                     own_weights if own_grads is not None else None, case.grads)
+    return Unsharded(batch, {n: t.detach() for n, t in out.items()}, grads, own_grads, ran.ran(), ran.untracked,
+                     plan, weights, sharded, rounding)
 
-    # What really ran, on every rank: the rows whose patches reached each rank's tower (a collective, so every
-    # rank takes it and decides alike).
-    read = _read_table(batch, ran, case.cp, cp_rank, cp_group)
+
+def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups) -> None:
+    """The sharded arm on the same weights, and every check against the unsharded one."""
+    dtype, config, cp_rank = DTYPES[case.dtype], case.config, groups.cp_rank
+    subject = impl.subject_model(model, case, dtype, ref.batch.patches.device)
+    batch = replace(ref.batch, patches=ref.batch.patches.detach().clone().requires_grad_(True))
+    with Execution(subject) as ran:
+        out = outputs_of(impl.encode_sharded(subject, impl.inputs(batch), config, groups.cp), f"{impl.name}.encode_sharded")
+    result.encoded, result.untracked = ran.rows, ran.untracked
+
+    # What really ran, on every rank: the rows whose patches reached each rank's tower, and what each took outside
+    # autograd (a collective, so every rank takes it and decides alike).
+    read, untracked = _read_table(batch, ran, case.cp, cp_rank, groups.cp)
     result.read = [row for row in range(read.shape[1]) if read[cp_rank, row]]
     replicated_run = case.cp > 1 and bool(read.all()) and read.shape[1] > 0
+    plan = ref.plan
     if case.cp > 1 and cp_rank == 0:  # said once: every rank sees the same table
-        _judge_distribution(result, read, plan, sharded, replicated_run, config)
+        _judge_distribution(result, read, plan, ref.sharded, replicated_run)
+        if ref.sharded and not replicated_run and ref.untracked == 0:
+            _judge_untracked(result, untracked, read, batch)
+    rank_alone = ref.own_grads is not None
     if plan is not None and _contradicts(read, plan):
-        plan, expected_rank_params = None, None  # the plan is not what ran: its per-rank checks would blame gradients
-    _describe(result, spec, plan, cp_rank)
+        plan, rank_alone = None, False  # the plan is not what ran: its per-rank checks would blame gradients
+    _describe(result, batch.spec, plan, cp_rank)
 
-    if list(out) != list(ref_out):
-        result.failures.append(f"outputs: the sharded encode returned {list(out)}, the unsharded {list(ref_out)}")
-        return result
-    for name in ref_out:
-        result.out_err = max(result.out_err, _compare(result, _label("outputs", name, ref_out), out[name], ref_out[name],
-                                                      slack=rounding.outputs if case.tp > 1 else None))
-    if any(out[n].shape != ref_out[n].shape for n in ref_out) or not case.grads:
-        return result  # every rank gathered the same shapes, so every rank stops here: no collective hangs
+    if list(out) != list(ref.out):
+        result.failures.append(f"outputs: the sharded encode returned {list(out)}, the unsharded {list(ref.out)}")
+        return
+    for name, expected in ref.out.items():
+        label = _label("outputs", name, ref.out)
+        _fail(result, precision.compare_rows(label, out[name], expected, ref.rounding.outputs.get(name), "token")
+              if precision.low(dtype) else precision.compare(label, out[name], expected))
+        result.out_err = max(result.out_err, precision.max_abs(out[name], expected))
+    if any(out[n].shape != ref.out[n].shape for n in ref.out) or not case.grads:
+        return  # every rank gathered the same shapes, so every rank stops here: no collective hangs
 
-    rank_loss(out, weights, cp_rank).backward()
-
-    grad, ref_grad = _grad(batch.patches), _grad(ref_batch.patches)
+    rank_loss(out, ref.weights, cp_rank).backward()
+    grad, ref_grad = _grad(batch.patches), _grad(ref.batch.patches)
     owned = config.shard_vision and not replicated_run  # the same on every rank: read is every rank's table
-    # Every sum over ranks taken here, in one collective (comm.all_reduce_sums says why).
-    summed, summed_params, *holders = comm.all_reduce_sums(
-        [grad, _flat_grads(model)] + ([_holding(batch, grad, case.cp, cp_rank)] if owned else []), cp_group)
-    result.input_grad_err = _compare(result, "input grads (summed over ranks)", summed, ref_grad, slack=rounding.input)
+    held = [held_part(g, p, groups.tp_rank, case.tp) if g is not None else None
+            for p, g in zip(subject.parameters(), ref.grads)]
+    extra = [grad] + ([_holding(batch, grad, case.cp, cp_rank)] if owned else [])
+    summed, *holders = _check_param_grads(result, subject, held, groups.cp, extra, dtype, ref.rounding.params)
+    _fail(result, _compare_images(result, "input grads (summed over ranks)", summed, ref_grad, batch.cu_seqlens,
+                                  range(len(batch.cu_seqlens) - 1), ref.rounding.input))
     if owned:
-        _check_ownership(result, batch, grad, ref_grad, plan, read, holders[0], rounding.input)
-        _check_execution(result, reference_ran, ran, reference, model)
-    result.param_grad_err = _compare(result, "param grads (summed over ranks)", summed_params,
-                                     held(_grads(reference)), slack=rounding.params)
-    if expected_rank_params is not None and replicated_run == (not sharded):
-        result.param_grad_err = max(result.param_grad_err, _compare(
-            result, "param grads (this rank alone)", _flat_grads(model), held(expected_rank_params), slack=rounding.params))
-    return result
+        _check_ownership(result, batch, grad, ref_grad, plan, read, holders[0], ref.rounding.input)
+        _check_execution(result, ref.ran, ran, ref.grads, subject)
+    if rank_alone and replicated_run == (not ref.sharded):
+        own = [held_part(g, p, groups.tp_rank, case.tp) for p, g in zip(subject.parameters(), ref.own_grads)]
+        _check_rank_alone(result, subject, own, dtype, ref.rounding.own_params)
+
+
+def _fail(result: RankResult, why: str | None) -> None:
+    if why:
+        result.failures.append(why)
 
 
 def rank_loss(outputs: dict[str, torch.Tensor], weights: dict[str, list[torch.Tensor]], rank: int) -> torch.Tensor:
@@ -193,34 +261,54 @@ def own_token_mask(plan, rank: int, device) -> torch.Tensor:
     return torch.tensor(own, dtype=torch.bool, device=device)
 
 
-class Execution:
-    """What a model's layers really ran on: forward hooks on every module that holds parameters itself.
+# --- what ran --------------------------------------------------------------------------------------------
 
-    ``rows``: rows (leading elements of its first input) the first such module to run saw, summed over its
-    calls; ``ran()``: the modules that saw at least one row (a module called on nothing did not run);
-    ``taken``: the differentiable inputs of that first module, from which _read_table finds which microbatch
-    rows reached the tower.
+
+class Execution:
+    """What a model's layers really ran on: forward pre-hooks on every module that holds parameters itself, from
+    construction until ``close()`` (or the end of a ``with`` block).
+
+    ``rows``: rows the first such module to run saw, summed over its calls, with or without a graph; ``ran()``: the
+    modules that saw at least one row (a module called on nothing did not run); ``taken``: the differentiable
+    inputs of that first module, from which _read_table finds which microbatch rows reached the tower;
+    ``untracked``: rows that first module took outside autograd (no graph: torch.no_grad, inference_mode, a
+    detached input) which are not placeholders (a placeholder or padding row is constant: zeros, say; a row of
+    pixels never is).
     """
 
     def __init__(self, model: torch.nn.Module):
         self.calls: dict[str, int] = {}
         self.first: str | None = None
-        self.taken: list[torch.Tensor] = []  # what the first module took, for what reached the tower (_read_table)
+        self.taken: list[torch.Tensor] = []
+        self.untracked = 0
         # Not the root: a tower's encode and project are often called apart, never through its forward.
         self.names = [name for name, m in model.named_modules()
                       if name and any(True for _ in m.parameters(recurse=False))]
-        for name, module in model.named_modules():
-            if name in self.names:
-                module.register_forward_pre_hook(self._hook(name))
+        self._handles = [module.register_forward_pre_hook(self._hook(name))
+                         for name, module in model.named_modules() if name in self.names]
 
     def _hook(self, name: str):
         def record(module, args):
-            rows = input_rows(module, next((a for a in args if isinstance(a, torch.Tensor)), None))
+            tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            rows = input_rows(module, tensor)
             self.first = self.first or name
             self.calls[name] = self.calls.get(name, 0) + rows
             if name == self.first:
                 self.taken += [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+                if rows and not tensor.requires_grad:
+                    self.untracked += pixel_rows(tensor, rows)
         return record
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def __enter__(self) -> Execution:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def rows(self) -> int:
@@ -246,6 +334,12 @@ def input_rows(module: torch.nn.Module, tensor: torch.Tensor | None) -> int:
     return tensor.numel() // max(per_row, 1)
 
 
+def pixel_rows(tensor: torch.Tensor, rows: int) -> int:
+    """How many of ``tensor``'s ``rows`` rows are not constant (a placeholder's or padding's rows are)."""
+    flat = tensor.detach().reshape(rows, -1)
+    return int((flat != flat[:, :1]).any(dim=1).sum())
+
+
 def _describe(result: RankResult, spec, plan, cp_rank: int) -> None:
     """What this rank encoded, for the report: the rows that really reached its tower where that was measured,
     else what the plan gives it (the whole microbatch when not sharded); placeholders as the plan says."""
@@ -257,15 +351,17 @@ def _describe(result: RankResult, spec, plan, cp_rank: int) -> None:
     result.placeholders = plan.placeholders[cp_rank] if plan is not None and cp_rank < len(plan.placeholders) else 0
 
 
-def _read_table(batch, ran: Execution, cp: int, cp_rank: int, cp_group) -> torch.Tensor:
-    """[CP ranks, rows], True where a microbatch row's patches reached that rank's tower.
+def _read_table(batch, ran: Execution, cp: int, cp_rank: int, cp_group) -> tuple[torch.Tensor, list[int]]:
+    """[CP ranks, rows], True where a microbatch row's patches reached that rank's tower; and each CP rank's rows
+    taken outside autograd (Execution.untracked).
 
     Found through autograd, whatever the tower: the gradient of what the tower's first layer took with respect
     to the microbatch's patches is non-zero exactly on the patches it read. Placeholders and padding come from
     nowhere, so they read nothing; a tower run on every image reads every row, under any loss.
     """
     cu = [int(c) for c in batch.cu_seqlens]
-    table = torch.zeros(cp, len(cu) - 1, dtype=torch.float64, device=batch.patches.device)
+    table = torch.zeros(cp, len(cu), dtype=torch.float64, device=batch.patches.device)  # the last column: untracked
+    table[cp_rank, -1] = ran.untracked
     if ran.taken and len(cu) > 1:
         (grad,) = torch.autograd.grad(sum(t.sum() for t in ran.taken), batch.patches, retain_graph=True,
                                       allow_unused=True)
@@ -273,7 +369,8 @@ def _read_table(batch, ran: Execution, cp: int, cp_rank: int, cp_group) -> torch
             hit = grad[0].ne(0).any(dim=-1)
             for row in range(len(cu) - 1):
                 table[cp_rank, row] = float(bool(hit[cu[row] : cu[row + 1]].any()))
-    return comm.all_reduce_sum(table, cp_group) > 0
+    table = comm.all_reduce_sum(table, cp_group)
+    return table[:, :-1] > 0, [int(n) for n in table[:, -1].tolist()]
 
 
 def _readers(read: torch.Tensor, row: int) -> list[int]:
@@ -284,7 +381,7 @@ def _contradicts(read: torch.Tensor, plan) -> bool:
     return len(plan.owner) != read.shape[1] or any(_readers(read, row) != [owner] for row, owner in enumerate(plan.owner))
 
 
-def _judge_distribution(result: RankResult, read: torch.Tensor, plan, sharded: bool, replicated_run: bool, config) -> None:
+def _judge_distribution(result: RankResult, read: torch.Tensor, plan, sharded: bool, replicated_run: bool) -> None:
     """Was the work distributed as the case expects? Sharded: every row on exactly one rank (the plan's, where
     there is one). Replicated (the opt-out, or the implementation's fallback policy): every row on every rank."""
     cp, rows = read.shape
@@ -317,8 +414,30 @@ def _judge_distribution(result: RankResult, read: torch.Tensor, plan, sharded: b
             result.plan_mismatch.append(f"plan mismatch: {_few(moved)}")
 
 
+def _judge_untracked(result: RankResult, untracked: list[int], read: torch.Tensor, batch) -> None:
+    """Rows a rank's tower took outside autograd are work beyond its own share (its own rows go through autograd,
+    which is how they reach the loss): the microbatch, or part of it, encoded again where nothing needs it.
+    Judged only where the unsharded encode takes none itself."""
+    extra = [f"CP rank {r}'s tower took {n} patch rows outside autograd (no graph: torch.no_grad, inference_mode or "
+             f"a detached input) beyond the {_own_patches(read, r, batch)} of its own rows"
+             for r, n in enumerate(untracked) if n > 0]
+    if extra:
+        result.not_sharded.append(f"not sharded: {_few(extra)}: the compute vision DP over CP should spare it")
+
+
+def _own_patches(read: torch.Tensor, rank: int, batch) -> int:
+    return sum(batch.spec.row_patches[row] for row in _readers_of(read, rank))
+
+
+def _readers_of(read: torch.Tensor, rank: int) -> list[int]:
+    return read[rank].nonzero().flatten().tolist()
+
+
 def _few(items: list[str], n: int = 4) -> str:
     return "; ".join(items[:n]) + (f" (and {len(items) - n} more)" if len(items) > n else "")
+
+
+# --- gradients ---------------------------------------------------------------------------------------------
 
 
 def _holding(batch, grad, cp: int, cp_rank: int) -> torch.Tensor:
@@ -331,9 +450,10 @@ def _holding(batch, grad, cp: int, cp_rank: int) -> torch.Tensor:
     return nonzero
 
 
-def _check_ownership(result, batch, grad, ref_grad, plan, read, holders, slack: float) -> None:
+def _check_ownership(result, batch, grad, ref_grad, plan, read, holders, slack) -> None:
     """Every image row's gradient is non-zero on exactly one rank, its owner (the plan's, or the one rank whose
-    tower read it), and equals the unsharded one there. ``holders``: _holding summed over the CP ranks."""
+    tower read it), and equals the unsharded one there. ``holders``: _holding summed over the CP ranks;
+    ``slack``: per microbatch row, as the unsharded run measured it (precision.Rounding.input; None in float64)."""
     cu = [int(c) for c in batch.cu_seqlens]
     rows, cp = len(cu) - 1, holders.shape[0]
     wrong = []
@@ -348,121 +468,140 @@ def _check_ownership(result, batch, grad, ref_grad, plan, read, holders, slack: 
                                f"{'; '.join(wrong[:4])}{' ...' if len(wrong) > 4 else ''}")
     mine = plan.rows_of(result.cp_rank) if plan is not None else [
         row for row in range(rows) if holders[result.cp_rank, row] > 0]
-    own = torch.zeros(grad.shape[1], dtype=torch.bool, device=grad.device)
-    for row in mine:
-        own[cu[row] : cu[row + 1]] = True
-    result.input_grad_err = max(result.input_grad_err, _compare(
-        result, "input grads (own images)", grad[:, own], ref_grad[:, own], slack=slack))
+    _fail(result, _compare_images(result, "input grads (own images)", grad, ref_grad, cu, mine, slack))
 
 
-def _check_execution(result, reference_ran: Execution, ran: Execution, reference, model) -> None:
+def _compare_images(result, what: str, actual, expected, cu_seqlens, rows, slack) -> str | None:
+    """The input gradients of microbatch ``rows``: element by element in float64, per image row below it."""
+    cu = [int(c) for c in cu_seqlens]
+    rows = list(rows)
+    picked = torch.cat([torch.arange(cu[r], cu[r + 1]) for r in rows]) if rows else torch.zeros(0, dtype=torch.long)
+    picked = picked.to(actual.device)
+    a, e = actual[:, picked], expected[:, picked]
+    result.input_grad_err = max(result.input_grad_err, precision.max_abs(a, e))
+    if not precision.low(actual.dtype):
+        return precision.compare(what, a, e)
+    sub_cu = [0]
+    for r in rows:
+        sub_cu.append(sub_cu[-1] + cu[r + 1] - cu[r])
+    slack = slack[rows] if isinstance(slack, torch.Tensor) else None
+    return precision.compare_rows(what, a, e, slack, "image", cu_seqlens=sub_cu, names=rows)
+
+
+def _check_param_grads(result, model, expected, group, extra, dtype, slack) -> list[torch.Tensor]:
+    """The parameter gradients summed over ``group`` against ``expected`` (one per parameter, in order; None:
+    the unsharded run gives none), in buckets of precision.BUCKET elements: one collective per bucket, the first
+    also carrying the ``extra`` tensors to sum (returned summed). float64 element by element (the first parameter
+    off is named); below it as one vector within rtol + ``slack``."""
+    params = [(name, p) for name, p in model.named_parameters()]
+    low = precision.low(dtype)
+    diff_sq = scale_sq = 0.0
+    summed_extra = None
+    for bucket in _buckets([p for _, p in params]) or [[]]:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in (params[i][1] for i in bucket)]
+        parts = comm.all_reduce_sums((extra if summed_extra is None else []) + grads, group)
+        if summed_extra is None:
+            summed_extra, parts = parts[: len(extra)], parts[len(extra):]
+        for i, got in zip(bucket, parts):
+            want = expected[i] if expected[i] is not None else torch.zeros_like(got)
+            result.param_grad_err = max(result.param_grad_err, precision.max_abs(got, want))
+            if low:
+                diff_sq += (got.double() - want.double()).square().sum().item()
+                scale_sq += want.double().square().sum().item()
+            elif not any("param grads (summed over ranks)" in f for f in result.failures):
+                _fail(result, precision.compare(f"param grads (summed over ranks): {params[i][0]}", got, want))
+    if low:
+        _fail(result, precision.compare_vector("param grads (summed over ranks)", diff_sq, scale_sq, dtype, slack))
+    return summed_extra
+
+
+def _check_rank_alone(result, model, expected, dtype, slack) -> None:
+    """This rank's own parameter gradients against its own share of the unsharded ones (no collective)."""
+    diff_sq = scale_sq = 0.0
+    for (name, p), want in zip(model.named_parameters(), expected):
+        got = p.grad if p.grad is not None else torch.zeros_like(p)
+        result.param_grad_err = max(result.param_grad_err, precision.max_abs(got, want))
+        if precision.low(dtype):
+            diff_sq += (got.double() - want.double()).square().sum().item()
+            scale_sq += want.double().square().sum().item()
+        else:
+            why = precision.compare(f"param grads (this rank alone): {name}", got, want)
+            if why:
+                result.failures.append(why)
+                return
+    if precision.low(dtype):
+        _fail(result, precision.compare_vector("param grads (this rank alone)", diff_sq, scale_sq, dtype, slack))
+
+
+def _buckets(params) -> list[list[int]]:
+    """Parameter indices in runs of at most precision.BUCKET elements (a larger parameter is a bucket alone)."""
+    out, size = [], 0
+    for i, p in enumerate(params):
+        if not out or size + p.numel() > precision.BUCKET:
+            out.append([])
+            size = 0
+        out[-1].append(i)
+        size += p.numel()
+    return out
+
+
+def _check_execution(result, reference_ran: set[str], ran: Execution, reference_grads, model) -> None:
     """The tower ran on this rank: its layers saw rows, and every parameter the unsharded run gives a
     gradient has one here (a skipped tower leaves them None, which summing would read as zeros)."""
-    skipped = sorted(reference_ran.ran() - ran.ran())
+    skipped = sorted(reference_ran - ran.ran())
     if ran.rows == 0 or skipped:
         result.failures.append(f"execution: rank {result.rank} (CP rank {result.cp_rank}) did not run its tower on any "
                                f"row{' (layers never run: ' + ', '.join(skipped[:3]) + ')' if skipped else ''}; a rank "
                                f"with only placeholders must still encode them")
-    missing = [name for (name, p), q in zip(model.named_parameters(), reference.parameters())
-               if q.grad is not None and p.grad is None]
+    missing = [name for (name, p), g in zip(model.named_parameters(), reference_grads) if g is not None and p.grad is None]
     if missing:
         result.failures.append(f"execution: rank {result.rank} (CP rank {result.cp_rank}) has no gradient for "
                                f"{len(missing)} parameter(s) the unsharded run gives one ({', '.join(missing[:3])})")
-
-
-def _compare(result: RankResult, what: str, actual: torch.Tensor, expected: torch.Tensor,
-             slack: float | None = None) -> float:
-    """Element by element with assert_close's tolerances for the dtype; a gradient (``slack`` given: a sum over
-    tokens) as a vector in low precision, see _compare_norm."""
-    if actual.shape != expected.shape:
-        result.failures.append(f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
-        return math.inf
-    actual, expected = actual.detach(), expected.detach()
-    err = (actual.double() - expected.double()).abs().max().item() if actual.numel() else 0.0
-    if slack is not None and actual.dtype in VECTOR_RTOL:
-        _compare_norm(result, what, actual, expected, slack)
-        return err
-    try:
-        torch.testing.assert_close(actual, expected)
-    except AssertionError as mismatch:
-        result.failures.append(f"{what}: {str(mismatch).splitlines()[0]} (max abs error {err:.3g})")
-    return err
-
-
-def _compare_norm(result: RankResult, what: str, actual: torch.Tensor, expected: torch.Tensor, slack: float) -> None:
-    """Gradients in bf16, fp16 and float32 are sums over tokens (and ranks) rounded to an 8-, 11- or 24-bit
-    mantissa: splitting the sum differently (which is what sharding does) moves elements near cancellation by far
-    more than an element-wise tolerance allows, while any sharding bug moves the whole tensor. So they are
-    compared as vectors: |actual - expected| <= (rtol + slack) * |expected| (2-norms), rtol being assert_close's
-    for the dtype and ``slack`` twice the unsharded run's own relative distance from float64 (Rounding: both runs
-    add up the same terms in different orders, so each is about that far from the exact sum and they are at
-    most about twice it apart). float64's rounding stays far inside its element-wise tolerances, so it compares
-    element by element."""
-    rtol = VECTOR_RTOL[actual.dtype]
-    diff = (actual.double() - expected.double()).norm().item()
-    scale = expected.double().norm().item()
-    if diff > (rtol + slack) * scale:
-        result.failures.append(
-            f"{what}: relative 2-norm error {diff / max(scale, 1e-300):.3g} exceeds {actual.dtype}'s rtol {rtol:g}"
-            + (f" + twice the unsharded run's own rounding ({slack / 2:.2g})" if slack else ""))
-
-
-@dataclass(frozen=True)
-class Rounding:
-    """How far the unsharded gradients in the case's dtype are from the same run in float64 (relative 2-norms,
-    doubled: the slack a sharded run of the same sums in another order may add on top of the dtype's rtol)."""
-
-    input: float = 0.0
-    params: float = 0.0
-    outputs: float = 0.0
-
-
-def _rounding(impl, case: Case, reference, ref_batch, ref_out, weights) -> Rounding:
-    """The unsharded run once more in float64, from the same rounded weights, pixels and loss weights.
-
-    Measured (2026-12-01): on microbatches of a few hundred patches float32's own gap is about 4 eps, but on
-    Automodel's 8k-patch threshold microbatch 6 eps, and two float32 runs summed in different orders 1.36e-6
-    apart: over float32's rtol of 1.3e-6 without any sharding bug. Each case now says how much rounding its
-    own sums carry. Through the oracle the sharded runs of the shipped subjects stay within rtol alone (at most
-    1.01e-6, tokens-2048 at CP 4); tests/oracle/test_rounding.py holds the slack to its bounds."""
-    exact = impl.build_model(case, torch.float64, ref_batch.patches.device)
-    exact.load_state_dict(reference.state_dict())
-    batch = replace(ref_batch, patches=ref_batch.patches.detach().double().requires_grad_(True))
-    out = outputs_of(impl.encode(exact, impl.inputs(batch)), f"{impl.name}.encode")
-    outputs = 2 * max(_relative(ref_out[name].detach(), out[name].detach()) for name in out)
-    if not case.grads:
-        return Rounding(outputs=outputs)
-    weighted(out, {name: sum(w).double() for name, w in weights.items()}).backward()
-    return Rounding(2 * _relative(_grad(ref_batch.patches), _grad(batch.patches)),
-                    2 * _relative(_flat_grads(reference), _flat_grads(exact)), outputs)
-
-
-def _relative(actual: torch.Tensor, exact: torch.Tensor) -> float:
-    return (actual.double() - exact).norm().item() / max(exact.norm().item(), 1e-300)
 
 
 def _grad(t: torch.Tensor) -> torch.Tensor:
     return t.grad if t.grad is not None else torch.zeros_like(t)
 
 
-def _grads(model) -> list[torch.Tensor]:
-    return [_grad(p) for p in model.parameters()]
-
-
-def _flat_grads(model) -> torch.Tensor:
-    return torch.cat([g.reshape(-1) for g in _grads(model)])
-
-
-def _held_by(model, tp_rank: int, tp: int):
-    """The reference's gradients (one per parameter, in order) -> flattened like _flat_grads(model): each parameter
-    of a tensor-parallel model holds its own part of the plain reference's."""
-    def held(grads: list[torch.Tensor]) -> torch.Tensor:
-        return torch.cat([held_part(g, p, tp_rank, tp).reshape(-1) for p, g in zip(model.parameters(), grads)])
-    return held
-
-
 def _param_grads(model, loss: torch.Tensor) -> list[torch.Tensor]:
-    """d loss / d params, one per parameter like _grads, leaving the graph for the full backward."""
+    """d loss / d params, one per parameter, leaving the graph for the full backward."""
     params = list(model.parameters())
     grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
     return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+
+
+# --- what a rank held and how long it took ------------------------------------------------------------------
+
+
+class Clock:
+    """Seconds per phase of a case on this rank (build, unsharded, sharded), into ``result.seconds``."""
+
+    def __init__(self, result: RankResult):
+        self.result, self.last = result, time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.result.seconds[phase] = round(now - self.last, 4)
+        self.last = now
+
+
+class Memory:
+    """On CUDA, this rank's peak allocated bytes over the case and what it held (vdpcp bench towers prints it)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def figures(self, model, unsharded: Unsharded | None) -> dict[str, int]:
+        held = {"model": _bytes(model.parameters()) + _bytes(model.buffers())}
+        if unsharded is not None:
+            held["unsharded grads"] = _bytes(unsharded.grads)
+            held["rank-alone grads"] = _bytes(unsharded.own_grads or [])
+        if self.device.type == "cuda":
+            held["peak"] = torch.cuda.max_memory_allocated(self.device)
+        return held
+
+
+def _bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)

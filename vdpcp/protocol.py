@@ -175,18 +175,24 @@ class Implementation:
     tensor_parallel: tuple[int, ...] = ()  # TP sizes its build_model supports (case.tp), for the CP x TP layouts
     media: MediaAxes = MediaAxes()
 
-    def build_model(self, case, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
-        from vdpcp.model import TOWERS, TowerConfig, VisionModel, positions_needed
+    @property
+    def towers(self) -> Mapping[str, MediaAxes]:
+        """The sizes its tower comes in (``case.tower``), each with what its tower takes at that size."""
+        return {"toy": self.media}
 
-        tower = TowerConfig(patch_dim=case.spec.patch_dim, temporal_patch_size=case.spec.temporal_patch_size,
-                            pad_odd_grids=case.even_pad, seed=case.spec.seed, positions=positions_needed(case.spec.grids),
-                            **TOWERS[case.tower])
-        return VisionModel(tower).to(device=device, dtype=dtype)
+    def build_model(self, case, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+        from vdpcp.model import VisionModel
+
+        return VisionModel(toy_tower(case)).to(device=device, dtype=dtype)
+
+    def model_key(self, case):
+        """What ``build_model`` reads of the case: cases with equal keys share one model in a rank worker (built
+        once, gradients reset and weights checked between cases). None: built afresh for every case, which is
+        what a build_model of your own gets until you say what it reads."""
+        return toy_tower(case) if builds_toy_tower(self) else None
 
     def subject_model(self, reference, case, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
-        model = self.build_model(case, dtype, device)
-        model.load_state_dict(reference.state_dict())  # the same model, whatever build_model's seeding
-        return model
+        return reference  # the same weights: the oracle sets the unsharded arm's gradients aside before this arm
 
     def inputs(self, batch) -> Any:
         return batch
@@ -212,6 +218,9 @@ class Implementation:
     def patch_bytes(self, case) -> int | None:
         return None  # vdpcp.budget's estimate for the toy tower
 
+    def param_count(self, case) -> int | None:
+        return None  # vdpcp.budget counts the toy tower's; another tower's is unknown until declared
+
     def __repr__(self) -> str:
         return f"<vdpcp implementation {self.name!r}>"
 
@@ -230,9 +239,28 @@ class Adapted(Implementation):
         return object.__getattribute__(self, attr)
 
 
+def builds_toy_tower(impl) -> bool:
+    """Whether ``impl`` builds vdpcp's toy tower (it keeps Implementation's build_model)."""
+    return getattr(impl.build_model, "__func__", None) is Implementation.build_model
+
+
+def toy_tower(case):
+    """vdpcp's toy tower for a case (vdpcp.model.TowerConfig): at the toy size with the learned positions its
+    microbatch needs and the spec's seed; at another size one model for every microbatch (seed 0, every position),
+    as a checkpoint is."""
+    from vdpcp.model import TOWERS, TowerConfig, positions_needed
+
+    if case.tower not in TOWERS:
+        raise ValueError(f"tower size {case.tower!r}: vdpcp's toy tower comes in {', '.join(TOWERS)}")
+    toy = case.tower == "toy"
+    return TowerConfig(patch_dim=case.spec.patch_dim, temporal_patch_size=case.spec.temporal_patch_size,
+                       pad_odd_grids=case.even_pad, seed=case.spec.seed if toy else 0,
+                       positions=positions_needed(case.spec.grids) if toy else None, **TOWERS[case.tower])
+
+
 REQUIRED = ("name", "encode", "encode_sharded")
-PROTOCOL = REQUIRED + ("build_model", "subject_model", "inputs", "plan", "replicated", "known_limit", "splits", "media",
-                       "scenarios", "preload", "tensor_parallel", "patch_bytes")
+PROTOCOL = REQUIRED + ("build_model", "model_key", "subject_model", "inputs", "plan", "replicated", "known_limit", "splits",
+                       "media", "towers", "scenarios", "preload", "tensor_parallel", "patch_bytes", "param_count")
 
 
 class OutputsError(TypeError):

@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from vdpcp.budget import spec_record
+from vdpcp.spec import spec_record
 from vdpcp.cli import UsageError
 from vdpcp.progress import write_atomically
 

@@ -111,8 +111,8 @@ def run_case(case: Case, backend: str | None = None, timeout: float | None = Non
 
     ``fault_grace``: seconds the other ranks get to finish once one rank raised (the harness's default is 3 s).
     """
-    budget.check(case, case.id)  # SpecTooLarge before any rank builds a tensor
     chosen = resolve_backend(backend, case.world_size)  # once: the expectation and the run use the same backend
+    budget.check(case, case.id, budget.device_for(chosen, case.world_size))  # SpecTooLarge before any rank builds a tensor
     try:
         ranks = run_ranks(rank_body, case.world_size, case, backend=chosen, timeout=timeout, fault_grace=fault_grace)
     except RankFailure as failure:

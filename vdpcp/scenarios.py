@@ -20,7 +20,7 @@ from vdpcp.impls import BUILT_INS, resolve
 from vdpcp.plan import STRATEGIES
 from vdpcp.protocol import MediaAxes
 from vdpcp.sharded import plan_for
-from vdpcp.spec import MicrobatchSpec, SpecError
+from vdpcp.spec import DEFAULT_PATCH_DIM, MicrobatchSpec, SpecError
 
 CP_SIZES = (1, 2, 4, 8)
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -40,11 +40,12 @@ class Scenario:
     adapt: bool = True  # drawn anew for each implementation's tower (its MediaAxes); a user's spec file is run as it is
 
 
-def _spec(name: str, images, *, frames=None, T: int = 1, seed: int = 0) -> MicrobatchSpec:
+def _spec(name: str, images, *, frames=None, T: int = 1, seed: int = 0, P: int = DEFAULT_PATCH_DIM) -> MicrobatchSpec:
     return MicrobatchSpec(
         images=tuple(tuple(s) for s in images),
         num_frames=None if frames is None else tuple(frames),
         temporal_patch_size=T,
+        patch_dim=P,
         seed=seed,
         name=name,
     )
@@ -90,6 +91,30 @@ SCENARIOS: tuple[Scenario, ...] = (
              zigzag=True, layouts=True),
 )
 
+# The size people train (``--tower real``): microbatches that mean something to a published tower, in pixels at
+# patch 14 (Qwen2.5-VL's; drawn anew at each tower's own patch, grids kept: 448 px is a 32x32 grid, 512 px at
+# patch 16): 224-1344 px images, one tall 1344 px, odd patch grids (33x47, 31x31), a ragged video at T=2.
+# The names match toy rows that play the same part, so the named mutants' kill sets find them at either size.
+# The three-images microbatch is the one whose bf16 outputs a correct implementation failed element-wise (the
+# precision model, vdpcp.precision).
+REAL_CPS = (2, 4, 8)
+
+
+def _real(name: str, images, **kw) -> MicrobatchSpec:
+    return _spec(name, images, P=14, **kw)
+
+
+REAL_SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("fewer-images", _real("one-image", [[448, 448]], seed=1), REAL_CPS),
+    Scenario("fewer-images", _real("three-images", [[448, 448], [224, 336], [672, 448]], seed=2), REAL_CPS,
+             zigzag=True, layouts=True),
+    Scenario("multi-image", _real("multi-image", [[1344, 448], [448, 448], [448, 672], [336, 448]], seed=6), REAL_CPS),
+    Scenario("multi-image", _real("mixed-sizes", [[462, 658], [224, 896], [896, 224], [434, 434]], seed=7), REAL_CPS),
+    Scenario("tubelets", _real("video-and-images", [[448, 448]] + _video([336, 448], 5) + [[448, 672]],
+                               frames=[1, 5, 1], T=2, seed=14), REAL_CPS),
+)
+TOWER_TABLES = {"toy": SCENARIOS, "real": REAL_SCENARIOS}
+
 # The dataset-shaped fixtures (fixtures/*.json) by name: (family, zigzag).
 DATASET_FIXTURES = {"doc-qa": ("dataset", False), "multi-image": ("dataset", True), "video": ("dataset", False)}
 
@@ -110,10 +135,13 @@ def fixture_specs(root: Path = FIXTURES) -> list[tuple[Path, MicrobatchSpec]]:
     return [(path, saved.load(path).spec) for path in sorted(root.rglob("*.json"))] if root.is_dir() else []
 
 
-def scenarios(fixtures: Path | None = FIXTURES) -> list[Scenario]:
-    """The table above plus one scenario per fixture file; spec names must be unique (they name the cases)."""
-    table = list(SCENARIOS)
-    if fixtures is not None:
+def scenarios(fixtures: Path | None = FIXTURES, tower: str = "toy") -> list[Scenario]:
+    """The table of a tower size (the toy one plus one scenario per fixture file, whose sizes are the toy tower's);
+    spec names must be unique (they name the cases)."""
+    if tower not in TOWER_TABLES:
+        raise SpecError(f"tower size {tower!r} has no scenario table; expected one of {', '.join(TOWER_TABLES)}")
+    table = list(TOWER_TABLES[tower])
+    if fixtures is not None and tower == "toy":
         for path, spec in fixture_specs(fixtures):
             family, zigzag = DATASET_FIXTURES.get(spec.name, (_family_of(path, fixtures), False))
             table.append(Scenario(family, spec, zigzag=zigzag))
@@ -139,22 +167,24 @@ def spec_scenarios(path: Path, cps=CP_SIZES) -> list[Scenario]:
 
 
 def cases_of(scenario: Scenario, cps=CP_SIZES, impls=BUILT_INS, splits=None, losses=LOSSES, dp: int = 1,
-             tp: int = 1, primary: bool = False) -> list[Case]:
+             tp: int = 1, primary: bool = False, tower: str = "toy") -> list[Case]:
     """One scenario's cases at the given CP sizes (and DP replicas, TP size), in the matrix's order (see matrix).
 
     ``splits``: the partitions to run (None: every one each implementation names); ``primary``: only each
-    implementation's first partition (the layouts and special rows).
+    implementation's first partition (the layouts and special rows); ``tower``: the size of every case's tower
+    (implementations that do not come in it have no cases).
     """
     out = []
     for cp in (c for c in scenario.cps if c in cps):
         for loss in (loss for loss in LOSSES if loss in losses and (loss == "rank" or scenario.zigzag)):
             for impl in (i for i in impls if tp == 1 or tp in resolve(i).tensor_parallel):
-                spec = spec_for(scenario, resolve(impl).media)
+                media = resolve(impl).towers.get(tower)
+                spec = spec_for(scenario, media) if media is not None else None
                 if spec is None:
                     continue
                 own = resolve(impl).splits
                 for split in [s for s in (own[:1] if primary else own) if splits is None or s in splits]:
-                    case = Case(spec, cp, impl, split, loss, dp=dp, tp=tp)
+                    case = Case(spec, cp, impl, split, loss, dp=dp, tp=tp, tower=tower)
                     if split != own[0] and (loss != "rank" or _same_plan_as_an_earlier_split(case, own)):
                         continue  # the zigzag subset runs the first split; an identical plan is an identical run
                     out.append(case)
@@ -270,42 +300,52 @@ def _same_plan(a, b) -> bool:
 
 
 def matrix(cps=CP_SIZES, impls=BUILT_INS, splits=None, losses=LOSSES, table: list[Scenario] | None = None,
-           special: bool = True, layouts: bool = True) -> list[Case]:
-    """Every case, grouped by world size (the harness rebuilds its process group only when that changes).
+           special: bool = True, layouts: bool = True, tower: str = "toy") -> list[Case]:
+    """Every case, grouped by world size (the harness rebuilds its process group only when that changes), then by
+    implementation (a rank builds each implementation's model once and reuses it, vdpcp.model_cache).
 
     ``special`` adds the opt-out, process-group mismatch and empty-microbatch rows, and each implementation's
     own scenarios (implementation_scenarios); ``layouts`` the CP x DP cases of the scenarios marked for them
     (at the CP sizes asked for), and their CP x TP cases for the implementations with a tensor-parallel tower.
+    At a tower size other than the toy one, the table is that size's and the special rows are the opt-out only
+    (the others are decided before any tower runs: the toy size covers them).
     """
-    table = scenarios() if table is None else table
+    table = scenarios(tower=tower) if table is None else table
+    toy = tower == "toy"
     by_name = {s.spec.name: s for s in table}
-    own = {impl: implementation_scenarios(impl) for impl in impls} if special else {}
+    own = {impl: implementation_scenarios(impl) for impl in impls} if special and toy else {}
     out = []
+
+    def rows(scenario, cp, impls=impls, losses=losses, **kw):
+        return cases_of(scenario, (cp,), impls, splits, losses, tower=tower, **kw)
+
     for cp in sorted(cps):
         for scenario in table:
-            out += cases_of(scenario, (cp,), impls, splits, losses)
+            out += rows(scenario, cp)
         for impl, extra in own.items():
             for scenario in extra:
-                out += cases_of(scenario, (cp,), (impl,), splits, losses)
+                out += rows(scenario, cp, (impl,))
         if layouts:
             for scenario in (s for s in table if s.layouts):
-                for dp in (d for c, d in LAYOUTS if c == cp):
-                    out += cases_of(scenario, (cp,), impls, splits, ("rank",), dp=dp, primary=True)
+                for dp in (d for c, d in LAYOUTS if c == cp and (toy or d == 2)):
+                    out += rows(scenario, cp, losses=("rank",), dp=dp, primary=True)
                 for tp in (t for c, t in TP_LAYOUTS if c == cp):
-                    out += cases_of(scenario, (cp,), impls, splits, ("rank",), tp=tp, primary=True)
+                    out += rows(scenario, cp, losses=("rank",), tp=tp, primary=True)
         if not special:
             continue
-        out += cases_of(Scenario("empty", EMPTY), (cp,), impls, splits, ("rank",), primary=True)
+        if toy:
+            out += rows(Scenario("empty", EMPTY), cp, losses=("rank",), primary=True)
         for name, opt_cps in OPT_OUT:
-            if cp in opt_cps and name in by_name:
-                out += [c.with_(vision_dp_over_cp=False) for c in cases_of(by_name[name], (cp,), impls, splits, ("rank",),
-                                                                           primary=True) if c.grads]
+            if cp in opt_cps and name in by_name and (toy or (cp, name) == (min(opt_cps), OPT_OUT[0][0])):
+                out += [c.with_(vision_dp_over_cp=False) for c in rows(by_name[name], cp, losses=("rank",), primary=True)
+                        if c.grads]
         three = by_name.get("three-images", Scenario("", EMPTY))
-        for group, configured, dp in MISMATCHES:
+        for group, configured, dp in MISMATCHES if toy else ():
             if group == cp:
-                out += [c.with_(config_cp=configured, dp=dp) for c in cases_of(replace(three, cps=(cp,)), (cp,), impls,
-                                                                               splits, ("rank",), primary=True) if c.grads]
-    return sorted(out, key=lambda case: case.world_size)
+                out += [c.with_(config_cp=configured, dp=dp) for c in rows(replace(three, cps=(cp,)), cp, losses=("rank",),
+                                                                           primary=True) if c.grads]
+    order = {impl: i for i, impl in enumerate(impls)}
+    return sorted(out, key=lambda case: (case.world_size, order.get(case.impl, 0)) if not toy else case.world_size)
 
 
 def family_of(case: Case, table: list[Scenario] | None = None) -> str:

@@ -50,8 +50,6 @@ class MicrobatchSpec:
         """As a dataclass's, but a long spec (a test's failure, a log) by its counts and sizes, not every image."""
         if len(self.images) <= 8:
             return f"MicrobatchSpec({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in fields(self))})"
-        from vdpcp.budget import summary
-
         return f"MicrobatchSpec(<{summary(self)}>)"
 
     # --- shapes -------------------------------------------------------------------------------
@@ -212,3 +210,39 @@ def _validate(spec: MicrobatchSpec) -> None:
                     f"media item {m} (rows {start}..{start + n - 1}): frames of a video must share one size, got {sorted(sizes)}"
                 )
             start += n
+
+
+# --- long specs in reports -------------------------------------------------------------------------------
+
+SHORT_ROWS = 8  # a spec of at most this many rows is printed whole
+
+
+def summary(spec, path=None) -> str:
+    """The spec as reports print it: whole when short; else counts and size ranges, and where the whole is."""
+    if len(spec.images) <= SHORT_ROWS:
+        return str(spec.to_dict())
+    frames = spec.media_frames
+    videos = [n for n in frames if n > 1]
+    patches = spec.row_patches
+    if videos:
+        parts = [f"{spec.name}: {len(spec.images):,} rows in {len(frames):,} media items",
+                 f"{len(videos):,} videos of {_span(min(videos), max(videos))} frames (T={spec.temporal_patch_size})"]
+    else:
+        parts = [f"{spec.name}: {len(spec.images):,} images"]
+    hs, ws = [h for h, _ in spec.images], [w for _, w in spec.images]
+    parts.append(f"{_span(min(hs), max(hs))} x {_span(min(ws), max(ws))} px")
+    parts.append(f"{_span(min(patches), max(patches))} patches each, {sum(patches):,} in all (patch_dim={spec.patch_dim})")
+    parts.append(f"seed {spec.seed}")
+    return ", ".join(parts) + (f"; the whole spec: {path}" if path else "")
+
+
+def _span(low: int, high: int) -> str:
+    return f"{low:,}" if low == high else f"{low:,}-{high:,}"
+
+
+def spec_record(spec) -> dict:
+    """The spec for a JSON report: whole when short; else its name, counts and size ranges."""
+    if len(spec.images) <= SHORT_ROWS:
+        return spec.to_dict()
+    return {"name": spec.name, "rows": len(spec.images), "media": len(spec.media_frames),
+            "patches": sum(spec.row_patches), "summary": summary(spec)}

@@ -20,7 +20,7 @@ FINAL = ("max_param_diff", "param_diff_norm", "param_update_norm")  # what each 
 
 
 def _run(dtype="float64"):
-    return Run("reference", 2, STEPS, 1, dtype, "multi-image", "tiny", 0)
+    return Run("reference", 2, STEPS, 1, dtype, "multi-image", "toy", 0)
 
 
 def _ranks(cp=2, scale=None):
@@ -88,7 +88,7 @@ def test_the_judged_parameter_gap_is_the_worst_ranks_nan_included(rank):
 def test_the_bound_is_the_dtypes_and_final_parameters_are_judged_at_float64_only():
     assert tolerance_for(_run()) == 1e-10
     for dtype, eps in (("float32", 2.0**-23), ("bfloat16", 2.0**-7)):
-        assert tolerance_for(Run("reference", 2, 5, 2, dtype, "multi-image", "tiny", 0)) == 2 * 5 * 2 * eps
+        assert tolerance_for(Run("reference", 2, 5, 2, dtype, "multi-image", "toy", 0)) == 2 * 5 * 2 * eps
     ranks = _ranks()
     ranks[1]["param_diff_norm"] = 1e-3  # far above float64's bound, rounding at float32's (reported, not judged)
     assert not judge(_run("float64"), DRAWS, ranks, 0.0).passed

@@ -10,15 +10,15 @@ from vdpcp.datasets import generate
 @pytest.mark.parametrize("dataset", ["doc-qa", "multi-image", "video"])
 @pytest.mark.parametrize("cp", [2, 4])
 def test_a_five_step_run_has_placeholder_and_remainder_microbatches(dataset, cp):
-    draws = [d for step in schedule(dataset, cp, steps=5, accumulate=2, seed=0, tower="tiny") for d in step]
+    draws = [d for step in schedule(dataset, cp, steps=5, accumulate=2, seed=0, tower="toy") for d in step]
     assert len(draws) == 10
     assert {"placeholders", "remainder"} <= {d.kind for d in draws}
     assert all(d.kind == kind_of(d.spec, cp) for d in draws)
 
 
 def test_the_schedule_is_a_function_of_its_arguments():
-    assert schedule("video", 2, 3, 2, seed=5, tower="tiny") == schedule("video", 2, 3, 2, seed=5, tower="tiny")
-    assert schedule("video", 2, 3, 2, seed=5, tower="tiny") != schedule("video", 2, 3, 2, seed=6, tower="tiny")
+    assert schedule("video", 2, 3, 2, seed=5, tower="toy") == schedule("video", 2, 3, 2, seed=5, tower="toy")
+    assert schedule("video", 2, 3, 2, seed=5, tower="toy") != schedule("video", 2, 3, 2, seed=6, tower="toy")
 
 
 @pytest.mark.parametrize("units", [1, 2, 3, 5])

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from vdpcp import budget
+from vdpcp import spec as specs
 from vdpcp.case import Case, RankResult
 from vdpcp.expectations import judge
 from vdpcp.fuzz import MAX_GRID, TUBELET_SIZES
@@ -24,8 +25,8 @@ def spec(images, **fields) -> MicrobatchSpec:
 # --- what a case needs -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fields, tower", [({}, "tiny"), (dict(patch_dim=16), "tiny"),
-                                           (dict(temporal_patch_size=2, num_frames=(2,)), "tiny"), ({}, "vit-l")])
+@pytest.mark.parametrize("fields, tower", [({}, "toy"), (dict(patch_dim=16), "toy"),
+                                           (dict(temporal_patch_size=2, num_frames=(2,)), "toy"), ({}, "real")])
 def test_the_toy_towers_parameters_are_counted_as_the_model_has_them(fields, tower):
     images = [[32, 32]] * (2 if "num_frames" in fields else 1)
     case = Case(spec(images, **fields), 1, tower=tower)
@@ -230,15 +231,15 @@ def test_a_rank_text_without_sections_is_read_from_its_headline():
 
 def test_a_short_spec_is_printed_whole_and_a_long_one_by_counts_ranges_and_file():
     short = spec([[8, 8], [8, 12]], name="short")
-    assert budget.summary(short) == str(short.to_dict()) and budget.spec_record(short) == short.to_dict()
+    assert specs.summary(short) == str(short.to_dict()) and specs.spec_record(short) == short.to_dict()
     long = spec([[16, 16]] * 99_990 + [[8, 24]] * 5 + [[32, 32]] * 5, name="many")
-    text = budget.summary(long, "crash/many.json")
+    text = specs.summary(long, "crash/many.json")
     assert text == ("many: 100,000 images, 8-32 x 16-32 px, 12-64 patches each, 1,600,220 in all (patch_dim=4), seed 0; "
                     "the whole spec: crash/many.json")
-    record = budget.spec_record(long)
+    record = specs.spec_record(long)
     assert record["rows"] == 100_000 and record["patches"] == 1_600_220 and len(json.dumps(record)) < 300
     video = spec([[16, 16]] * 13, num_frames=(5, 7, 1), temporal_patch_size=2, name="clips")
-    assert budget.summary(video) == ("clips: 13 rows in 3 media items, 2 videos of 5-7 frames (T=2), 16 x 16 px, 16 patches "
+    assert specs.summary(video) == ("clips: 13 rows in 3 media items, 2 videos of 5-7 frames (T=2), 16 x 16 px, 16 patches "
                                      "each, 208 in all (patch_dim=4), seed 0")
 
 

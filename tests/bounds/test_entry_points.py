@@ -208,7 +208,8 @@ def test_the_huge_image_with_the_limit_raised_fails_fast_as_a_resource_failure_u
     def cap():
         resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
 
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "VDPCP_MAX_CASE_TFLOP": "1e9"}  # past the compute limit too: this is the memory path
     done = subprocess.run([sys.executable, "-m", "vdpcp", "replay", str(path), "--cp", "1", "--max-spec-bytes", "16T",
                            "--backend", "gloo"], capture_output=True, text=True, preexec_fn=cap, env=env, cwd=tmp_path,
                           timeout=300)

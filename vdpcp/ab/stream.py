@@ -35,8 +35,8 @@ class Scale:
 
 
 SCALES = {
-    "tiny": Scale(patch_dim=4, downscale=4, samples=4),  # seconds on two CPU cores
-    "vit-l": Scale(patch_dim=16, downscale=1, samples=None),  # the dataset's real sizes, for GPU memory
+    "toy": Scale(patch_dim=4, downscale=4, samples=4),  # seconds on two CPU cores
+    "real": Scale(patch_dim=16, downscale=1, samples=None),  # the dataset's real sizes, for GPU memory
 }
 
 

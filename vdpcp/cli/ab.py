@@ -16,7 +16,7 @@ from pathlib import Path
 from vdpcp.cli import DTYPES, IMPL_HELP, POSITIVE, SEED, UsageError, add_run_options, checked_impls, number
 
 AB_RANKS = number(int, 2, note="vision_dp_over_cp is a no-op at CP=1, so both arms would be one run")
-TOWERS = ("tiny", "vit-l")  # vdpcp.model.TOWERS, literal so that `vdpcp --help` imports no torch
+TOWERS = ("toy", "real")  # vdpcp.model.TOWERS, literal so that `vdpcp --help` imports no torch
 
 
 def register(subparsers) -> None:
@@ -27,9 +27,9 @@ def register(subparsers) -> None:
     parser.add_argument("--impl", default="reference", metavar="IMPL", help=f"implementation under test (default reference): {IMPL_HELP}")
     parser.add_argument("--dtype", choices=DTYPES, default="float64", help="model dtype (default float64; bf16 keeps float32 main weights)")
     parser.add_argument("--dataset", default="doc-qa", help="doc-qa, multi-image or video (default doc-qa)")
-    parser.add_argument("--tower", choices=TOWERS, default="tiny",
-                        help="tiny: the toy tower on downscaled microbatches (CPU); vit-l: hidden 1024, 24 layers, patch 16, "
-                             "the dataset's real sizes (GPU memory)")
+    parser.add_argument("--tower", choices=TOWERS, default="toy",
+                        help="toy: the toy tower on downscaled microbatches (CPU); real: the reference's published size "
+                             "(ViT-L/16: hidden 1024, 24 layers) on the dataset's real sizes (GPU memory)")
     parser.add_argument("--mutant", metavar="NAME", help="a named mutant (vdpcp.mutants), in the sharded arm only")
     parser.add_argument("--seed", type=SEED, default=0, help="seed of the weights and the microbatches (default 0)")
     add_run_options(parser)

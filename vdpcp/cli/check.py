@@ -86,7 +86,7 @@ def select(args) -> tuple[list, list]:
         raise UsageError("no case matches the options (--cp, --impl, --split, --loss, --match)")
     try:
         for case in cases:
-            budget.check(case, case.id)
+            budget.check(case, case.id, budget.device_for(args.backend, case.world_size))
     except SpecError as err:
         raise UsageError(str(err)) from None
     return cases, table

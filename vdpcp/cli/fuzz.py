@@ -81,8 +81,8 @@ def _summary(report, seconds: float) -> str:
 
 
 def _spec_text(spec, name: bool = True) -> str:
-    """A spec as JSON when short; a long one by its counts and size ranges (vdpcp.budget.summary)."""
-    from vdpcp.budget import SHORT_ROWS, summary
+    """A spec as JSON when short; a long one by its counts and size ranges (vdpcp.spec.summary)."""
+    from vdpcp.spec import SHORT_ROWS, summary
 
     if len(spec.images) > SHORT_ROWS:
         return summary(spec)
@@ -126,7 +126,7 @@ class _Progress:
 def _drawn_text(spec) -> str:
     """A drawn microbatch in one short line: its shapes and seed (every drawn case has the same id); a long one
     by its counts and size ranges."""
-    from vdpcp.budget import SHORT_ROWS, summary
+    from vdpcp.spec import SHORT_ROWS, summary
 
     if len(spec.images) > SHORT_ROWS:
         return summary(spec)

@@ -126,11 +126,12 @@ def report(judged, path: Path | None = None, saved_signature: str | None = None)
     """The whole replay: case, plan, verdict and signature, failures, and the failing rank's traceback."""
     from vdpcp import budget
     from vdpcp.fuzz import failing_rank, signature
+    from vdpcp.spec import summary
 
     result = judged.result
     case = result.case
     lines = [f"replay {path or case.spec.name}: {case.id} (on {result.backend}, {result.device})",
-             f"spec: {budget.summary(case.spec, path)}", f"size: {budget.need(case).text()}"]
+             f"spec: {summary(case.spec, path)}", f"size: {budget.need(case).text()}"]
     lines += plan_lines(case)
     sig = signature(result)
     lines.append(f"verdict: {judged.verdict}" + (f" ({judged.why})" if judged.why else ""))

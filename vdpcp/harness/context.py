@@ -18,4 +18,5 @@ class RankContext:
     world_size: int
     group: torch.distributed.ProcessGroup  # spans the case's world_size ranks (the default group)
     backend: str  # "nccl" or "gloo"
-    device: torch.device  # cuda:<local rank> on nccl, else cpu
+    device: torch.device  # cuda:<local rank> on nccl, else cpu (or a GPU shared by gloo ranks: VDPCP_DEVICE=cuda)
+    shares_device: bool = False  # other ranks of this world use the same GPU (vdpcp.harness.turns)

@@ -69,5 +69,9 @@ def _context(backend: str | None) -> RankContext:
     from vdpcp.harness.group import device as rank_device
 
     device = rank_device(chosen, local_rank)
-    return RankContext(dist.get_rank(), dist.get_world_size(), dist.group.WORLD, chosen, device)
+    from vdpcp.harness.turns import shared
+
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+    return RankContext(dist.get_rank(), dist.get_world_size(), dist.group.WORLD, chosen, device,
+                       shared(chosen, device, ranks_here))
 

@@ -64,13 +64,15 @@ def run(case: Case) -> bytes:
 def call(case: Case):
     import torch.distributed as dist
 
-    from vdpcp.harness import group
+    from vdpcp.harness import group, turns
     from vdpcp.harness.context import RankContext
 
     group.ensure(case.group, case.rank)
     fn, args, kwargs = pickle.loads(case.call)
     backend = case.group.backend
-    ctx = RankContext(case.rank, case.group.world_size, dist.group.WORLD, backend, group.device(backend, case.rank))
+    device = group.device(backend, case.rank)
+    ctx = RankContext(case.rank, case.group.world_size, dist.group.WORLD, backend, device,
+                      turns.shared(backend, device, case.group.world_size))
     with state.clean_case(case.rank):
         return fn(ctx, *args, **kwargs)
 

@@ -36,7 +36,17 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from vdpcp.impls.qwen2_5_vl import CHANNELS, MERGE, TEMPORAL_PATCH, TowerInputs, media_items, qwen2_5_vl
+from vdpcp.impls.qwen2_5_vl import (
+    CHANNELS,
+    MERGE,
+    TEMPORAL_PATCH,
+    TowerInputs,
+    built,
+    media_items,
+    param_count,
+    qwen2_5_vl,
+    seed_of,
+)
 from vdpcp.protocol import MAIN_OUTPUT, Implementation, KnownLimit, MediaAxes, check_group
 from vdpcp.spec import MicrobatchSpec
 
@@ -59,15 +69,23 @@ EMPTY_MICROBATCH = KnownLimit(
 )
 
 
-def tower_config(patch_dim: int):
+# The sizes of the tower: the toy one (CPU CI: an 8x8 learned position grid, bilinearly resampled to every image's
+# patch grid), and the published Qwen3-VL-8B vision tower's (its config.json's vision_config: 27 blocks, DeepStack
+# from blocks 8, 16 and 24, a 48x48 position grid, patch 16, into the 4096-wide LM).
+SIZES = {
+    "toy": dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=48,
+                num_position_embeddings=64, deepstack_visual_indexes=list(DEEPSTACK_LAYERS)),
+    "real": dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=4096,
+                 num_position_embeddings=2304, deepstack_visual_indexes=[8, 16, 24], hidden_act="gelu_pytorch_tanh"),
+}
+REAL_PATCH = 16
+
+
+def tower_config(patch_dim: int, size: str = "toy"):
     from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
 
-    return Qwen3VLVisionConfig(
-        depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=48, in_channels=CHANNELS,
-        patch_size=patch_dim, spatial_merge_size=MERGE, temporal_patch_size=TEMPORAL_PATCH,
-        # An 8x8 learned position grid, bilinearly resampled to every image's patch grid.
-        num_position_embeddings=64, deepstack_visual_indexes=list(DEEPSTACK_LAYERS),
-    )
+    return Qwen3VLVisionConfig(in_channels=CHANNELS, patch_size=patch_dim, spatial_merge_size=MERGE,
+                               temporal_patch_size=TEMPORAL_PATCH, **SIZES[size])
 
 
 def outputs(tower_output) -> dict[str, torch.Tensor]:
@@ -89,9 +107,14 @@ class Automodel(Implementation):
 
     @property
     def media(self) -> MediaAxes:
+        return self.towers["toy"]
+
+    @property
+    def towers(self) -> dict[str, MediaAxes]:
         # Below min_local_patch_rows a rank with real frames pads locally: the matrix adds microbatches above it.
-        return MediaAxes(patch_dim=PATCH, temporal_patch_sizes=(1, TEMPORAL_PATCH), min_grid=MERGE,
-                         min_rows_per_rank=self.frame_sharding(True).min_local_patch_rows)
+        floor = self.frame_sharding(True).min_local_patch_rows
+        return {size: MediaAxes(patch_dim=patch, temporal_patch_sizes=(1, TEMPORAL_PATCH), min_grid=MERGE,
+                                min_rows_per_rank=floor) for size, patch in (("toy", PATCH), ("real", REAL_PATCH))}
 
     def frame_sharding(self, enabled: bool):
         from nemo_automodel.components.distributed.cp_vision_frame_shard import CpVisionFrameShardingConfig
@@ -101,11 +124,24 @@ class Automodel(Implementation):
     def build_model(self, case, dtype, device):
         from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(case.spec.seed)
-            # SDPA runs float64 through in float64 (eager's softmax rounds to float32) and bfloat16 on CPU.
-            model = Qwen3VLVisionModel._from_config(tower_config(case.spec.patch_dim), attn_implementation="sdpa")
-        return model.to(device=device, dtype=dtype)
+        return built(Qwen3VLVisionModel, tower_config(case.spec.patch_dim, case.tower), seed_of(case), dtype, device)
+
+    def model_key(self, case):
+        return case.tower, case.spec.patch_dim, seed_of(case)
+
+    def param_count(self, case) -> int:
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+        return param_count(Qwen3VLVisionModel, tower_config(case.spec.patch_dim, case.tower))
+
+    def patch_bytes(self, case) -> int:
+        """One arm's bytes per patch (vdpcp.budget): the input transform's copies (Qwen2.5-VL's, about 12 elements
+        per pixel value), and per block about 13 x hidden + 2 x intermediate elements kept for backward (norms,
+        qkv, rotated q and k in float32, attention, projection, the MLP's two activations)."""
+        itemsize = {"float64": 8, "float32": 4, "bfloat16": 2}[case.dtype]
+        dims = SIZES[case.tower]
+        blocks = dims["depth"] * (13 * dims["hidden_size"] + 2 * dims["intermediate_size"])
+        return itemsize * (12 * CHANNELS * case.spec.patch_dim**2 + blocks)
 
     def inputs(self, batch) -> TowerInputs:
         return qwen2_5_vl.inputs(batch)

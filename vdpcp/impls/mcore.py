@@ -14,7 +14,7 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from vdpcp.model import output_tokens
+from vdpcp.model import REAL_PATCH, output_tokens
 from vdpcp.plan import mcore_gives_up
 from vdpcp.protocol import (
     GLOO_NN_SUBGROUP,
@@ -22,6 +22,7 @@ from vdpcp.protocol import (
     GroupMismatchError,
     Implementation,
     KnownLimit,
+    MediaAxes,
     check_group,
 )
 from vdpcp.sharded import encode_unsharded, ownership, plan_for, real_tokens
@@ -80,6 +81,7 @@ def rank_tokens(spec, config) -> list[int]:
 class MCore(Implementation):
     name = "mcore"
     splits = ("count",)
+    towers = {"toy": MediaAxes(), "real": MediaAxes(patch_dim=REAL_PATCH)}  # vdpcp's tower, as the reference's
     preload = ("megatron.core.parallel_state", "megatron.core.models.multimodal.context_parallel",
                "megatron.core.packed_seq_params")
 

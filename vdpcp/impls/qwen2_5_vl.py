@@ -135,16 +135,47 @@ def tower_patches(rows: torch.Tensor, media: Media, patch_dim: int) -> torch.Ten
     return windows.permute(0, 2, 4, 3, 5, 6, 1, 7, 8).reshape(t * H * W, CHANNELS * TEMPORAL_PATCH * P * P)
 
 
-def tower_config(patch_dim: int):
+# The sizes of the tower: the toy one (CPU CI), and the published Qwen2.5-VL-7B vision tower's (its config.json's
+# vision_config: 670M parameters, patch 14, windows of 112 px, full attention in blocks 7, 15, 23 and 31).
+SIZES = {
+    # Windows of 2x2 merged tokens (4x4 patches): every image larger than that attends in several windows in
+    # block 0, and as a whole in block 1 (full attention).
+    "toy": dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=48,
+                window_size=2 * MERGE, fullatt_block_indexes=[1]),
+    "real": dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
+                 window_size=112 // 14, fullatt_block_indexes=[7, 15, 23, 31], hidden_act="silu"),
+}
+REAL_PATCH = 14
+
+
+def tower_config(patch_dim: int, size: str = "toy"):
     from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
 
-    return Qwen2_5_VLVisionConfig(
-        depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=48,
-        patch_size=patch_dim, spatial_merge_size=MERGE, temporal_patch_size=TEMPORAL_PATCH, in_channels=CHANNELS,
-        # Windows of 2x2 merged tokens (4x4 patches): every image larger than that attends in several windows
-        # in block 0, and as a whole in block 1 (full attention).
-        window_size=2 * MERGE * patch_dim, fullatt_block_indexes=[1],
-    )
+    dims = dict(SIZES[size])
+    window = dims.pop("window_size") * patch_dim  # in pixels, as the config takes it: patches x patch side
+    return Qwen2_5_VLVisionConfig(patch_size=patch_dim, spatial_merge_size=MERGE, temporal_patch_size=TEMPORAL_PATCH,
+                                  in_channels=CHANNELS, window_size=window, **dims)
+
+
+def built(cls, config, seed: int, dtype, device):
+    """A transformers model from ``config`` with weights drawn from ``seed`` on the CPU generator (the same on every
+    rank and device), at ``dtype`` on ``device``."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        # SDPA runs float64 through in float64 (eager's softmax rounds to float32) and bfloat16 on CPU.
+        model = cls._from_config(config, attn_implementation="sdpa")
+    return model.to(device=device, dtype=dtype)
+
+
+def param_count(cls, config) -> int:
+    """Parameters of a transformers model from ``config``, counted on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in cls._from_config(config).parameters())
+
+
+def seed_of(case) -> int:
+    """The toy tower's weights follow the spec's seed; a real-size tower is one model for every microbatch."""
+    return case.spec.seed if case.tower == "toy" else 0
 
 
 def local_inputs(inputs: TowerInputs, start: int, stop: int) -> TowerInputs:
@@ -197,17 +228,22 @@ class Qwen25VL(Implementation):
     splits = ("count",)
     # Its tubelets are always 2 frames (the Conv3d's depth), whatever a spec's T: videos are drawn at T 1 or 2.
     media = MediaAxes(temporal_patch_sizes=(1, TEMPORAL_PATCH))
+    towers = {"toy": media, "real": MediaAxes(patch_dim=REAL_PATCH, temporal_patch_sizes=(1, TEMPORAL_PATCH))}
     preload = (MODELING,)  # 2-4 s to import, and it starts no threads: the rank zygote imports it once
 
     def build_model(self, case, dtype, device):
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(case.spec.seed)
-            # SDPA runs float64 through in float64 (eager's softmax rounds to float32) and bfloat16 on CPU.
-            model = Qwen2_5_VisionTransformerPretrainedModel._from_config(
-                tower_config(case.spec.patch_dim), attn_implementation="sdpa")
-        return model.to(device=device, dtype=dtype)
+        return built(Qwen2_5_VisionTransformerPretrainedModel, tower_config(case.spec.patch_dim, case.tower),
+                     seed_of(case), dtype, device)
+
+    def model_key(self, case):
+        return case.tower, case.spec.patch_dim, seed_of(case)
+
+    def param_count(self, case) -> int:
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+        return param_count(Qwen2_5_VisionTransformerPretrainedModel, tower_config(case.spec.patch_dim, case.tower))
 
     def inputs(self, batch) -> TowerInputs:
         spec, cu = batch.spec, batch.cu_seqlens.tolist()
@@ -249,11 +285,14 @@ class Qwen25VL(Implementation):
 
     def patch_bytes(self, case) -> int:
         """One arm's bytes per patch (vdpcp.budget): each patch enters the tower twice over in time, and inputs()'s
-        cat, pad and permute copy it again, with their gradients (about 12 elements per pixel value); the tower's
-        activations add about 1,600. Measured (float64, the slope of one arm's peak RSS): 80.8 KB a patch at P=16;
-        this says 86.5 KB. vdpcp's toy-tower estimate would say 31 KB."""
+        cat, pad and permute copy it again, with their gradients (about 12 elements per pixel value); each block
+        keeps about 13 x hidden + 4 x intermediate elements a patch for its backward (norms, qkv, q and k rotated in
+        float32, attention, projection, the gated MLP). Toy size, measured (float64, the slope of one arm's peak
+        RSS): 80.8 KB a patch at P=16; this says 84.5 KB."""
         itemsize = {"float64": 8, "float32": 4, "bfloat16": 2}[case.dtype]
-        return itemsize * (12 * CHANNELS * case.spec.patch_dim**2 + 1600)
+        dims = SIZES[case.tower]
+        blocks = dims["depth"] * (13 * dims["hidden_size"] + 4 * dims["intermediate_size"])
+        return itemsize * (12 * CHANNELS * case.spec.patch_dim**2 + blocks)
 
     def known_limit(self, case, backend: str) -> KnownLimit | None:
         if not case.spec.images:

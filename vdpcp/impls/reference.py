@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from vdpcp import sharded
+from vdpcp.model import REAL_PATCH
 from vdpcp.plan import STRATEGIES
-from vdpcp.protocol import Implementation, Ownership
+from vdpcp.protocol import Implementation, MediaAxes, Ownership
 
 
 class Reference(Implementation):
@@ -12,14 +13,18 @@ class Reference(Implementation):
     splits = STRATEGIES
     tensor_parallel = (2,)  # TP sizes of its tower (vdpcp.tensor_parallel): the matrix runs CP x TP layouts
 
+    towers = {"toy": MediaAxes(), "real": MediaAxes(patch_dim=REAL_PATCH)}
+
     def subject_model(self, reference, case, dtype, device):
-        """At TP > 1 the plain reference's copy with its MLPs split over the case's TP group: the reference stays
+        """At TP > 1 a copy of the plain reference with its MLPs split over the case's TP group: the reference stays
         the plain tower (build_model is the default), so the TP tower is held to it, not to itself."""
-        model = super().subject_model(reference, case, dtype, device)
         if case.tp == 1:
-            return model
+            return reference
+        import copy
+
         from vdpcp import layout, tensor_parallel
 
+        model = copy.deepcopy(reference)
         return tensor_parallel.parallelize(model, layout.groups(layout.Layout(case.cp, case.dp, case.tp)).tp)
 
     def encode(self, model, batch):

@@ -1,0 +1,117 @@
+"""A rank worker's models: built once per (implementation, size, dtype, device, what the build reads), then reused.
+
+Building a tower is most of what a real-size case cost: random initialisation of a 670M-parameter tower takes
+seconds, and each case built it three times on every rank (reference, subject, a float64 copy). Now the oracle
+borrows one model per case (``acquire``) and gives it back (``release``): its gradients reset, its requires_grad
+flags and train/eval modes as built, and its weights (and buffers) proven unchanged against a fingerprint taken
+when it was built. A case whose encode changed them fails, and the model is dropped, so no case ever sees another
+case's weights. What a build depends on is the implementation's ``model_key(case)`` (vdpcp.protocol); None builds
+afresh for every case, as before.
+
+Models stay cached while their bytes together are under ``CAPACITY`` (the newest always stays), so a run over
+several subjects or dtypes keeps one big tower at a time; toy towers (kilobytes) all stay.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+CAPACITY = 2 << 30  # bytes of cached models a rank keeps beyond the newest
+_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@dataclass
+class Entry:
+    model: torch.nn.Module
+    fingerprint: torch.Tensor
+    requires_grad: dict[str, bool]
+    training: dict[str, bool]
+    bytes: int
+
+
+_cache: OrderedDict[tuple, Entry] = OrderedDict()
+_borrowed: dict[int, tuple[tuple | None, Entry]] = {}  # id(model) -> (its key, or None if not cached; its entry)
+
+
+def acquire(impl, target: str, case, dtype: torch.dtype, device: torch.device) -> tuple[torch.nn.Module, str]:
+    """The model for ``case`` and how it came: "built" (for this case) or "reused" (built by an earlier one)."""
+    key = impl.model_key(case)
+    full = None if key is None else (target, key, str(dtype), str(device))
+    if full is not None and full in _cache:
+        _cache.move_to_end(full)
+        entry, how = _cache[full], "reused"
+    else:
+        entry, how = _entry(impl.build_model(case, dtype, device)), "built"
+        if full is not None:
+            _cache[full] = entry
+            _evict()
+    _borrowed[id(entry.model)] = (full, entry)
+    return entry.model, how
+
+
+def release(model: torch.nn.Module) -> str | None:
+    """Give ``model`` back after its case: None, or why the case changed it (then it is dropped from the cache)."""
+    full, entry = _borrowed.pop(id(model))
+    named = dict(model.named_parameters())
+    for name, p in named.items():
+        p.grad = None
+        p.requires_grad_(entry.requires_grad.get(name, p.requires_grad))
+    for name, module in model.named_modules():
+        module.training = entry.training.get(name, module.training)
+    changed = _changed(model, entry.fingerprint)
+    if changed and full is not None:
+        del _cache[full]  # freed once the case lets go of it
+    if not changed:
+        return None
+    return (f"weights: the case changed the model's weights ({len(changed)} of {len(entry.fingerprint)} parameters "
+            f"and buffers, e.g. {', '.join(changed[:3])}); an encode must leave the tower as it found it")
+
+
+def cached() -> int:
+    """How many models this rank holds (for tests)."""
+    return len(_cache)
+
+
+def _entry(model: torch.nn.Module) -> Entry:
+    return Entry(model, fingerprint(model), {n: p.requires_grad for n, p in model.named_parameters()},
+                 {n: m.training for n, m in model.named_modules()},
+                 sum(t.numel() * t.element_size() for t in _state(model).values()))
+
+
+def fingerprint(model: torch.nn.Module) -> torch.Tensor:
+    """One integer per parameter and buffer: the sum of its bit patterns (any changed bit changes it)."""
+    sums = [_bits(t) for t in _state(model).values()]
+    return torch.stack(sums).cpu() if sums else torch.zeros(0, dtype=torch.int64)
+
+
+def _changed(model: torch.nn.Module, before: torch.Tensor) -> list[str]:
+    names = list(_state(model))
+    after = fingerprint(model)
+    if after.shape != before.shape:
+        return names or ["(its parameter list)"]
+    return [name for name, same in zip(names, (after == before).tolist()) if not same]
+
+
+def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {**dict(model.named_parameters()), **dict(model.named_buffers())}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    if t.is_complex() or t.element_size() not in _INTS:
+        return t.double().sum().view(torch.int64)
+    return t.contiguous().view(_INTS[t.element_size()]).sum(dtype=torch.int64)
+
+
+def _evict() -> None:
+    """Drop the least recently used models while those beyond the newest hold more than CAPACITY bytes."""
+    dropped_cuda = False
+    while len(_cache) > 1 and sum(e.bytes for e in list(_cache.values())[:-1]) > CAPACITY:
+        _, entry = _cache.popitem(last=False)
+        dropped_cuda |= any(p.is_cuda for p in entry.model.parameters())
+        del entry
+    if dropped_cuda:
+        torch.cuda.empty_cache()  # ranks sharing the GPU can use it again

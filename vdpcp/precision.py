@@ -1,0 +1,289 @@
+"""The precision model: how far a sharded run may be from the unsharded one, in the case's dtype, and why.
+
+float64 compares element by element with torch.testing.assert_close's float64 tolerances: its rounding stays far
+inside them. Below float64 that does not hold. At the size people train, a row's value depends on what else is in
+its batch (other GEMM shapes pick other kernels and other summation orders: "batch invariance", He et al., 2025):
+measured on an H200 with a Qwen2.5-VL-7B-sized tower in bf16, the same three images encoded all together or in the
+two groups CP=2 makes differ by 2.6% (relative 2-norm), as much as bf16 is off float64 (2.3%). So every quantity
+is held to what this case's own unsharded run measures of its own rounding:
+
+- the unsharded run is repeated once in a higher precision (``EXACT``: float32 for bf16, float64 for float32), from
+  the same weights, pixels and loss weights, with TF32 off (``highest_precision``): ``measure`` gives, for every
+  compared quantity, ``slack`` = twice its relative distance from that exact run. A correct sharded run sums the
+  same terms in another order, so it is about as far from exact as the unsharded one, and the two are at most
+  about twice that apart;
+- each quantity then passes when |sharded - unsharded| <= (rtol + slack) * |unsharded| (2-norms), rtol being
+  assert_close's for the dtype: per token row for outputs, per microbatch row (image or frame) for input gradients,
+  so one wrong image still fails; as one vector for parameter gradients (a sum over every token of every image),
+  the rank-alone ones with their own measured slack.
+
+TF32: the arms run with the precision the caller's torch is set to (torch's default: TF32 in cuDNN convolutions,
+not in cuBLAS matmuls), since that is what training runs with; only the exact run turns it off, so its figure
+includes TF32's own rounding (the Qwen2.5-VL patch embedding is a Conv3d: 4.6e-4 in float32 on the H200).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from vdpcp.protocol import outputs_of
+
+# assert_close's default rtol for the dtypes compared as norms; float64 compares element by element.
+RTOL = {torch.bfloat16: 1.6e-2, torch.float16: 1e-3, torch.float32: 1.3e-6}
+ZERO_ROW = 1e-3
+EXACT = {torch.bfloat16: torch.float32, torch.float16: torch.float32, torch.float32: torch.float64}
+# Parameter gradients are summed over ranks and compared in buckets of this many elements, so a 670M-parameter
+# tower never needs a second flat copy of its gradients (and a float64 one, 5.4 GB, would be the largest tensor of
+# the case).
+BUCKET = 1 << 25
+
+
+def low(dtype: torch.dtype) -> bool:
+    """Whether ``dtype`` compares as norms with measured slack (every dtype below float64)."""
+    return dtype in RTOL
+
+
+@contextmanager
+def highest_precision():
+    """float32 matmuls and convolutions in full float32 (TF32 off in cuBLAS and cuDNN) for the block, then every
+    setting as it was: the exact run must be exact whatever the caller's training stack chose."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    newer = [(api, api.fp32_precision) for api in (matmul, getattr(cudnn, "conv", None))
+             if api is not None and hasattr(api, "fp32_precision")]  # torch >= 2.9's own switches, restored as they were
+    saved = (matmul.allow_tf32, cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    matmul.allow_tf32 = cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = saved[:2]
+        torch.set_float32_matmul_precision(saved[2])
+        for api, value in newer:
+            api.fp32_precision = value
+
+
+def in_effect(dtype: torch.dtype, device: torch.device) -> str:
+    """The precision an arm really ran in, for the report: on CUDA, whether TF32 (float32) or reduced-precision
+    reductions (bf16, fp16) were on."""
+    name = str(dtype).removeprefix("torch.")
+    if device.type != "cuda":
+        return name
+    matmul = torch.backends.cuda.matmul
+    if dtype == torch.float32:
+        return (f"{name}, TF32 {'on' if torch.backends.cudnn.allow_tf32 else 'off'} in convolutions, "
+                f"{'on' if matmul.allow_tf32 else 'off'} in matmuls")
+    if dtype in (torch.bfloat16, torch.float16):
+        reduced = getattr(matmul, f"allow_{'bf16' if dtype == torch.bfloat16 else 'fp16'}_reduced_precision_reduction")
+        return f"{name}, reduced-precision reductions {'on' if reduced else 'off'}"
+    return name
+
+
+# --- what the unsharded run measures of its own rounding --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rounding:
+    """Slack (twice the unsharded run's relative distance from the exact run) for each compared quantity; empty
+    where nothing is measured (float64)."""
+
+    outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # per output, per token row
+    input: torch.Tensor | None = None  # per microbatch row (image or frame)
+    params: float = 0.0  # the parameter gradients under the summed loss
+    own_params: float = 0.0  # this rank's own share of them (the rank-alone check)
+
+
+def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weights, grads: bool,
+            chunk: int | None = None) -> Rounding:
+    """The unsharded run once more in ``EXACT[dtype]``, on a copy of ``model`` made for it and freed after.
+
+    ``ref_out``: the unsharded outputs; ``ref_grads``: its parameter gradients (one per parameter, in order) and
+    ``batch.patches.grad`` its input gradient; ``own_grads``: the rank-alone expectation (None: not checked);
+    ``weights``/``own_weights``: the loss weights they were taken under, by output name.
+
+    It runs ``chunk`` patches of whole media items at a time (default EXACT_CHUNK), their outputs concatenated and
+    their gradients summed: a tower encodes each image independently of every other (the premise of vision DP over
+    CP, which the matrix checks), and a higher precision has no batch effect worth the name, so this is the same
+    exact run with a fraction of its activations (a real-size tower's, in float64, would not fit beside the rest).
+    """
+    hp = EXACT[batch.patches.dtype]
+    exact = copy.deepcopy(model).to(hp)  # the same weights; model's gradients were set aside, so none are copied
+    params = list(exact.parameters())
+    patches = batch.patches.detach().to(hp).requires_grad_(grads)
+    parts, own_exact, start = [], [None] * len(params), 0
+    with highest_precision():
+        for sub in media_chunks(replace(batch, patches=patches), chunk or EXACT_CHUNK):
+            out = outputs_of(impl.encode(exact, impl.inputs(sub)), f"{impl.name}.encode")
+            rows = next(iter(out.values())).shape[0]
+            parts.append({name: t.detach() for name, t in out.items()})
+            if grads:
+                if own_grads is not None:
+                    got = torch.autograd.grad(_weighted(out, own_weights, hp, start, rows), params, retain_graph=True,
+                                              allow_unused=True)
+                    own_exact = [_add(total, g) for total, g in zip(own_exact, got)]
+                _weighted(out, weights, hp, start, rows).backward()
+            start += rows
+    out = {name: torch.cat([part[name] for part in parts]) for name in parts[0]} if parts else {}
+    outputs = {name: 2 * row_relative(ref_out[name], out[name]) for name in out if name in ref_out}
+    if not grads:
+        return Rounding(outputs)
+    own = 2 * relative(own_grads, own_exact) if own_grads is not None else 0.0
+    return Rounding(outputs, 2 * segment_relative(_grad(batch.patches), _grad(patches), batch.cu_seqlens),
+                    2 * relative(ref_grads, [p.grad for p in params]), own)
+
+
+# Patches of whole media items per call of the exact run (one item larger than this is a call alone).
+EXACT_CHUNK = 4096
+
+
+def media_chunks(batch, chunk: int):
+    """``batch`` as consecutive microbatches of whole media items, each of at most ``chunk`` patches (an item
+    larger than that alone); views of its patches, so gradients reach the whole."""
+    spec = batch.spec
+    frames, patches = spec.media_frames, spec.row_patches
+    if not frames:
+        yield batch
+        return
+    starts = list(itertools.accumulate(frames, initial=0))
+    bounds, size = [0], 0
+    for m in range(len(frames)):
+        item = sum(patches[starts[m] : starts[m + 1]])
+        if size and size + item > chunk:
+            bounds.append(m)
+            size = 0
+        size += item
+    bounds.append(len(frames))
+    cu = [int(c) for c in batch.cu_seqlens]
+    for m0, m1 in zip(bounds, bounds[1:]):
+        r0, r1 = starts[m0], starts[m1]
+        sub = replace(spec, images=spec.images[r0:r1],
+                      num_frames=None if spec.num_frames is None else spec.num_frames[m0:m1], name=f"{spec.name}[{m0}:{m1}]")
+        yield replace(batch, spec=sub, patches=batch.patches[:, cu[r0] : cu[r1]], imgs_sizes=batch.imgs_sizes[r0:r1],
+                      cu_seqlens=batch.cu_seqlens[r0 : r1 + 1] - batch.cu_seqlens[r0])
+
+
+def _add(total, grad):
+    if grad is None:
+        return total
+    return grad if total is None else total + grad
+
+
+def _weighted(outputs, weights, dtype, start: int, rows: int) -> torch.Tensor:
+    """The loss over token rows [start, start + rows) of the whole microbatch's outputs."""
+    return sum((weights[name][start : start + rows].to(dtype) * t).sum() for name, t in outputs.items())
+
+
+def row_relative(actual: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """Per leading row, |actual - exact| / |exact| (2-norms, float64)."""
+    a, e = _rows(actual), _rows(exact)
+    return (a - e).norm(dim=1) / e.norm(dim=1).clamp_min(1e-300)
+
+
+def segment_relative(actual, exact, cu_seqlens) -> torch.Tensor:
+    """Per microbatch row of packed patches [1, N, D] (cu_seqlens' segments), |actual - exact| / |exact|."""
+    segments = _segments(cu_seqlens, actual.device)
+    diff, scale = _segment_norms(actual.detach().double() - exact.detach().double(), segments), _segment_norms(exact, segments)
+    return diff / scale.clamp_min(1e-300)
+
+
+def relative(actual, exact) -> float:
+    """|actual - exact| / |exact| over lists of tensors (one per parameter; None is zeros), as one vector."""
+    diff = scale = 0.0
+    for a, e in zip(actual, exact):
+        if e is None and a is None:
+            continue
+        e = torch.zeros_like(a) if e is None else e.detach()
+        a = torch.zeros_like(e) if a is None else a.detach()
+        diff += (a.double() - e.double()).square().sum().item()
+        scale += e.double().square().sum().item()
+    return math.sqrt(diff) / max(math.sqrt(scale), 1e-300)
+
+
+# --- the comparisons -------------------------------------------------------------------------------------
+
+
+def compare(what: str, actual: torch.Tensor, expected: torch.Tensor) -> str | None:
+    """Element by element, with assert_close's tolerances for the dtype: why not, or None."""
+    if actual.shape != expected.shape:
+        return f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+    try:
+        torch.testing.assert_close(actual.detach(), expected.detach())
+    except AssertionError as mismatch:
+        return f"{what}: {str(mismatch).splitlines()[0]} (max abs error {max_abs(actual, expected):.3g})"
+    return None
+
+
+def compare_rows(what: str, actual, expected, slack: torch.Tensor | None, unit: str = "row",
+                 cu_seqlens=None, names=None) -> str | None:
+    """Per row (or per microbatch row of packed patches, with ``cu_seqlens``): |actual - expected| <= (rtol + slack)
+    * |expected| (+ a floor of ZERO_ROW x rtol x the largest row), 2-norms, ``slack`` per row (None: rtol alone). ``names``:
+    what each row is called in the message (default: its index)."""
+    if actual.shape != expected.shape:
+        return f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+    dtype = actual.dtype
+    rtol = RTOL[dtype]
+    if cu_seqlens is None:
+        a, e = _rows(actual), _rows(expected)
+        err, scale = (a - e).norm(dim=1), e.norm(dim=1)
+    else:
+        segments = _segments(cu_seqlens, actual.device)
+        err = _segment_norms(actual.detach().double() - expected.detach().double(), segments)
+        scale = _segment_norms(expected, segments)
+    if err.numel() == 0:
+        return None
+    slack = torch.zeros_like(scale) if slack is None else slack.to(scale.device, torch.float64)
+    # A floor for rows whose expected value is (almost) nothing: a ZERO_ROW share of the largest row's rtol.
+    allowed = (rtol + slack) * scale + ZERO_ROW * rtol * scale.max()
+    bad = (err > allowed).nonzero().flatten().tolist()
+    if not bad:
+        return None
+    ratio = err / scale.clamp_min(1e-300)
+    worst = max(bad, key=lambda i: float(err[i] / allowed[i]))
+    name = worst if names is None else names[worst]
+    return (f"{what}: {len(bad)} of {err.numel()} {unit}s off; {unit} {name}: relative 2-norm error "
+            f"{float(ratio[worst]):.3g} exceeds {dtype}'s rtol {rtol:g}"
+            + (f" + twice the unsharded run's own rounding of that {unit} ({float(slack[worst]) / 2:.2g})"
+               if float(slack[worst]) else ""))
+
+
+def compare_vector(what: str, diff_sq: float, scale_sq: float, dtype: torch.dtype, slack: float) -> str | None:
+    """A vector (squared 2-norms of the difference and of the expected) within (rtol + slack) of the expected."""
+    rtol = RTOL[dtype]
+    diff, scale = math.sqrt(diff_sq), math.sqrt(scale_sq)
+    if diff <= (rtol + slack) * scale:
+        return None
+    return (f"{what}: relative 2-norm error {diff / max(scale, 1e-300):.3g} exceeds {dtype}'s rtol {rtol:g}"
+            + (f" + twice the unsharded run's own rounding ({slack / 2:.2g})" if slack else ""))
+
+
+def max_abs(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    if actual.numel() == 0 or actual.shape != expected.shape:
+        return 0.0 if actual.shape == expected.shape else math.inf
+    return (actual.detach().double() - expected.detach().double()).abs().max().item()
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().double()
+    return t.reshape(t.shape[0], math.prod(t.shape[1:])) if t.dim() > 1 else t.reshape(-1, 1)
+
+
+def _grad(t: torch.Tensor) -> torch.Tensor:
+    return t.grad if t.grad is not None else torch.zeros_like(t)
+
+
+def _segments(cu_seqlens, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the segment index of every patch, the patches of every segment) of packed patches."""
+    cu = torch.as_tensor(cu_seqlens, device=device).long()
+    counts = cu[1:] - cu[:-1]
+    return torch.repeat_interleave(torch.arange(len(counts), device=device), counts), counts
+
+
+def _segment_norms(t: torch.Tensor, segments) -> torch.Tensor:
+    index, counts = segments
+    squares = t.detach().double().reshape(-1, t.shape[-1]).square().sum(dim=1)
+    return torch.zeros(len(counts), dtype=torch.float64, device=squares.device).index_add_(0, index, squares).sqrt()
