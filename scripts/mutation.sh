@@ -68,15 +68,14 @@ module[impls]=vdpcp/impls/__init__.py
 tests[impls]="tests/unit/test_impls.py tests/unit/test_duck_parts.py"
 module[layout]=vdpcp/layout.py
 tests[layout]="tests/unit/test_layout.py tests/ab/test_loss_split.py"
-module[tensor_parallel]=vdpcp/tensor_parallel.py
-tests[tensor_parallel]="tests/distributed/test_tensor_parallel.py
+tp_tests="tests/distributed/test_tensor_parallel.py
   tests/distributed/test_matrix.py::test_case[three-images-cp2-tp2-reference-count]
-  tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case[tp-backward-not-reduced]
+  tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case[tp-backward-not-reduced]"  # reach the TP code: both below
+module[tensor_parallel]=vdpcp/tensor_parallel.py
+tests[tensor_parallel]="$tp_tests
   tests/mutants/test_mutants.py::test_a_rank_that_skips_its_tensor_parallel_tower_is_named_not_hung"
 module[reference]=vdpcp/impls/reference.py
-tests[reference]="tests/distributed/test_tensor_parallel.py
-  tests/distributed/test_matrix.py::test_case[three-images-cp2-tp2-reference-count]
-  tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case[tp-backward-not-reduced]
+tests[reference]="$tp_tests
   tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case[gather-before-project]"
 ALL="expectations ab_judge saved capture impls layout reference tensor_parallel oracle"  # the order they run in
 
@@ -90,6 +89,20 @@ if ! ./run python -c "import cosmic_ray" 2>/dev/null; then
     echo "mutation.sh: installing cosmic-ray $cosmic_ray_version into the environment" >&2
     ./run python -m pip install -q "cosmic-ray==$cosmic_ray_version" >&2
 fi
+
+score() { ./run python "$here/scripts/mutation_score.py" "$@"; }  # pending, shard, retry, report
+in_copy() {  # W LOG COMMAND...: COMMAND in worker W's copy of the checkout, its output to LOG (fails as it fails)
+    local w=$1 log=$2
+    shift 2
+    (cd "$work/tree$w" && "$@") >"$log" 2>&1
+}
+new_session() {  # NAME: the module's mutants, less the operators and the lines left out
+    ./run cosmic-ray init "$work/$1.toml" "$work/$1.sqlite" && ./run cr-filter-operators "$work/$1.sqlite" "$work/$1.toml" \
+        && ./run cr-filter-pragma "$work/$1.sqlite"
+}
+shards() {  # NAME...: each module's session, one copy per worker (the one that worker runs)
+    for n in "$@"; do for w in $(seq 1 "$workers"); do echo "$work/$n.$w.sqlite"; done; done
+}
 
 started=$(date +%s)
 rm -rf "$work"
@@ -122,20 +135,17 @@ exclude-operators = [$EXCLUDE]
 EOF
     from=${MUTATION_FROM:-}
     if [ -n "$from" ] && [ -f "$from/$name.sqlite" ] && cmp -s "$from/tree1/${module[$name]}" "${module[$name]}"; then
-        ./run python "$here/scripts/mutation_score.py" retry ${MUTATION_SURVIVORS_ONLY:+--survivors-only} \
-            "$work/$name.sqlite" "$from"/$name.[0-9]*.sqlite
+        score retry ${MUTATION_SURVIVORS_ONLY:+--survivors-only} "$work/$name.sqlite" "$from"/$name.[0-9]*.sqlite
     else
-        (cd "$work/tree1" && ./run cosmic-ray init "$work/$name.toml" "$work/$name.sqlite" \
-            && ./run cr-filter-operators "$work/$name.sqlite" "$work/$name.toml" && ./run cr-filter-pragma "$work/$name.sqlite") \
-            >"$work/$name.init.log" 2>&1
+        in_copy 1 "$work/$name.init.log" new_session "$name"
     fi
-    count=$(./run python "$here/scripts/mutation_score.py" pending "$work/$name.sqlite")
+    count=$(score pending "$work/$name.sqlite")
     echo "$name: ${module[$name]}, $count mutants, tests: $selection"
 done
 
 # Baseline: the selections pass unmutated, or every 'killed' below would mean nothing.
 for name in $names; do
-    (cd "$work/tree1" && ./run cosmic-ray baseline "$work/$name.toml" >"$work/$name.baseline.log" 2>&1) || {
+    in_copy 1 "$work/$name.baseline.log" ./run cosmic-ray baseline "$work/$name.toml" || {
         echo "mutation.sh: the tests for $name fail without any mutant (see $work/$name.baseline.log)" >&2; exit 1; }
 done
 
@@ -144,16 +154,15 @@ done
 for name in $names; do
     for w in $(seq 1 "$workers"); do
         cp "$work/$name.sqlite" "$work/$name.$w.sqlite"
-        ./run python "$here/scripts/mutation_score.py" shard "$work/$name.$w.sqlite" "$w" "$workers"
+        score shard "$work/$name.$w.sqlite" "$w" "$workers"
     done
 done
 pids=()
 for w in $(seq 1 "$workers"); do
     (
-        cd "$work/tree$w"
         for name in $names; do
-            echo "worker $w: $name, $(./run python "$here/scripts/mutation_score.py" pending "$work/$name.$w.sqlite") mutants, from $(date +%T)"
-            ./run cosmic-ray exec "$work/$name.toml" "$work/$name.$w.sqlite" >"$work/$name.$w.exec.log" 2>&1
+            echo "worker $w: $name, $(score pending "$work/$name.$w.sqlite") mutants, from $(date +%T)"
+            in_copy "$w" "$work/$name.$w.exec.log" ./run cosmic-ray exec "$work/$name.toml" "$work/$name.$w.sqlite"
         done
         echo "worker $w: done $(date +%T)"
     ) &
@@ -162,6 +171,4 @@ done
 for pid in "${pids[@]}"; do wait "$pid"; done
 
 seconds=$(($(date +%s) - started))
-./run python "$here/scripts/mutation_score.py" report --target "$target" --seconds "$seconds" \
-    --equivalent "$here/scripts/mutation-equivalent.txt" \
-    $(for n in $names; do for w in $(seq 1 "$workers"); do echo "$work/$n.$w.sqlite"; done; done)
+score report --target "$target" --seconds "$seconds" --equivalent "$here/scripts/mutation-equivalent.txt" $(shards $names)
