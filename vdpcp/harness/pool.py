@@ -20,8 +20,9 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 from vdpcp.harness import soundness
+from vdpcp.harness.errors import RankFailure
 from vdpcp.harness.outcome import DIED, FAULTS, HUNG, OK, RAISED, Outcome
-from vdpcp.harness.process import WorkerProcess, Zygote
+from vdpcp.harness.process import WorkerProcess, Zygote, ZygoteGone, describe_exit
 from vdpcp.harness.protocol import READY, Case, GroupSpec
 
 STARTUP_TIMEOUT_S = 120.0  # the zygote's torch import; forking a worker takes milliseconds
@@ -59,6 +60,8 @@ class WorkerPool:
             workers = self._workers[:world_size]
             spec = self._group_spec(world_size, backend)
             outcomes = self._run_on(workers, spec, call, timeout, fault_grace)
+            if any(o.kind in FAULTS for o in outcomes):
+                self._fail_if_zygote_gone(world_size)
             self._report_output(workers, outcomes)
             self.recovery = self._recover(workers, spec, {o.kind for o in outcomes}, reuse_after_raise)
         except BaseException:  # Ctrl-C, or a fault of the harness itself: leave no worker mid-case
@@ -106,9 +109,13 @@ class WorkerPool:
             self._dir = Path(tempfile.mkdtemp(prefix="vdpcp-pool-"))
             self._zygote = Zygote(self._dir, preload, STARTUP_TIMEOUT_S, tolerate_threads)
         starting = []
-        for rank in range(len(self._workers), world_size):
-            starting.append(WorkerProcess(rank, self._zygote, self._dir))
-            self._workers.append(starting[-1])  # at once: a Ctrl-C at the next fork must not leave this one unowned
+        try:
+            for rank in range(len(self._workers), world_size):
+                starting.append(WorkerProcess(rank, self._zygote, self._dir))
+                self._workers.append(starting[-1])  # at once: a Ctrl-C at the next fork must not leave this one unowned
+        except ZygoteGone:
+            self._fail_if_zygote_gone(world_size)
+            raise  # alive, but it did not answer
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while starting:
             if time.monotonic() > deadline:
@@ -117,10 +124,21 @@ class WorkerPool:
             for w in list(starting):
                 message = w.poll()
                 if isinstance(message, Outcome):
+                    self._fail_if_zygote_gone(world_size)
                     raise RuntimeError(f"rank {w.rank}'s worker failed to start ({message.summary}); "
                                        f"its output:\n{w.take_output()}")
                 if message == READY:
                     starting.remove(w)
+
+    def _fail_if_zygote_gone(self, world_size: int) -> None:
+        """Raise the case's RankFailure, in one line, when the zygote exited under it (killed, or sent SIGTERM, as
+        `timeout` sends its whole process group): every worker died with it. run() then shuts the pool down, so
+        the next case starts a new zygote."""
+        if self._zygote.alive():
+            return
+        line = (f"the rank zygote is gone ({describe_exit(self._zygote.process.wait())}), and every rank with it; "
+                f"the next case starts a new one")
+        raise RankFailure(line, dict.fromkeys(range(world_size), line))
 
     def _group_spec(self, world_size: int, backend: str) -> GroupSpec:
         if self._group is None or (self._group.world_size, self._group.backend) != (world_size, backend):

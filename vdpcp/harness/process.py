@@ -71,8 +71,7 @@ class Zygote:
         while not self._ready:
             if time.monotonic() > deadline:
                 self.close()
-                raise RuntimeError(f"the rank zygote was not ready after {startup_timeout:g} s; its output:\n"
-                                   f"{self.log_path.read_text(errors='replace')}")
+                raise RuntimeError(f"the rank zygote was not ready after {startup_timeout:g} s; its output:\n{self.output()}")
             self._receive(deadline - time.monotonic())
 
     def alive(self) -> bool:
@@ -131,8 +130,14 @@ class Zygote:
 
     def _obituary(self) -> str:
         code = self.process.wait()
-        return (f"the rank zygote exited ({describe_exit(code)}); its output:\n"
-                f"{self.log_path.read_text(errors='replace')}")
+        return f"the rank zygote exited ({describe_exit(code)}); its output:\n{self.output()}"
+
+    def output(self) -> str:
+        """What it printed. A zygote sent SIGTERM removes its folder, log and all, on its way out."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return f"(not kept: {self.log_path.parent} is gone)"
 
 
 class WorkerProcess:
