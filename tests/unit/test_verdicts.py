@@ -203,12 +203,15 @@ def test_fuzz_finds_a_failure_in_a_verdict_as_the_table_says(verdict):
 def test_check_exits_with_the_code_of_its_cases_verdicts(monkeypatch, capsys):
     import vdpcp.runner
 
-    runs = {("pass", "not-sharded"): 3, ("not-sharded", "fail"): 1, ("xpass", "not-sharded"): 1, ("xfail", "pass"): 0}
+    # (the two cases' verdicts, flags): the exit code; -x stops after the first, so the second is never known
+    runs = {(("pass", "not-sharded"), ()): 3, (("not-sharded", "fail"), ()): 1, (("xpass", "not-sharded"), ()): 1,
+            (("xfail", "pass"), ()): 0, (("not-sharded", "pass"), ("-x",)): 1}
     monkeypatch.setattr(vdpcp.runner, "preload_case_modules", lambda impls: None)
-    for verdicts, want in runs.items():
+    for (verdicts, flags), want in runs.items():
         shown = iter(verdicts)
         monkeypatch.setattr(vdpcp.runner, "run_judged", lambda case, backend=None, timeout=None: _showing(next(shown)))
-        assert main(["check", "--cp", "1", "--impl", "reference", "-k", "three-images-cp1"]) == want, verdicts
+        argv = ["check", "--cp", "1", "--impl", "reference", "-k", "three-images-cp1", *flags]
+        assert main(argv) == want, f"{' '.join(argv)} with verdicts {verdicts}: expected exit {want}"
 
 
 # --- docs/verdicts.md ---------------------------------------------------------------------------------------
