@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# The GPU record (reports/gpu/README.md): each of its figures, measured on a GPU machine, one step per figure.
+# Every step runs the vdpcp CLI (python3 -m vdpcp, as vdpcp need not be installed there) or pytest, writes the raw
+# file the record points to, and prints its wall time and summary line.
+#
+#   scripts/gpu-record.sh [--out DIR] [STEP...]    # from the repository root; every step by default
+#
+#   job        the GPU job as .github/workflows/gpu.yml runs it (NCCL, one rank per GPU) -> gpu-job.txt, gpu-job.xml
+#   nccl-cp1   vdpcp check --backend nccl --cp 1, every shipped subject             -> check-nccl-cp1.txt, .json
+#   bf16       the bf16 matrix at CP 2 and 4 over gloo, every rank's tensors on the GPU, per subject
+#                                                                    -> bf16-reference-mcore.txt, bf16-qwen2_5_vl.txt, ...
+#   faults     what a faulted case costs over a passing one (vdpcp bench faults)    -> bench-faults.json
+#   ab         the A/B, flag on against off, CP 2 sharing the GPU, bf16, ViT-L-sized  -> ab.txt, ab.json, ab.png
+#   memory     busiest-rank memory and time of encode+project, sharded vs unsharded
+#                                                    -> memory-multi-image.json/.md, memory-video.json/.md
+#
+# DIR: --out, else $OUT (the device tool's folder that comes back), else reports/gpu. Wheels in .whl/ (megatron-core,
+# the pinned transformers, parameterized, nemo-automodel: what the machine lacks) are installed first, outside the
+# checkout. On the device tool, where one call runs 10 minutes at most, split the steps over calls, e.g.:
+#
+#   set -o pipefail; scripts/gpu-record.sh job nccl-cp1 bf16 2>&1 | tee $OUT/gpu-record-stdout.txt   # carry: .whl
+#   set -o pipefail; scripts/gpu-record.sh faults ab memory 2>&1 | tee $OUT/gpu-record-stdout-2.txt
+set -u
+ALL="job nccl-cp1 bf16 faults ab memory"
+SUBJECTS="reference mcore qwen2_5_vl automodel automodel-shipped"
+out=${OUT:-reports/gpu}
+if [ "${1:-}" = --out ]; then
+    out=${2:?"gpu-record.sh: --out needs a folder"}
+    shift 2
+fi
+steps=${*:-$ALL}
+for s in $steps; do
+    case " $ALL " in *" $s "*) ;; *) echo "gpu-record.sh: unknown step $s; expected some of: $ALL" >&2; exit 2 ;; esac
+done
+mkdir -p "$out"
+
+if [ -d .whl ] && [ ! -d /tmp/site ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
+[ -d /tmp/site ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} COLUMNS=240 PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # the device tool's rule: no NVLink multicast
+python3 - <<'EOF'  # what the record's first line states
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+import torch
+
+
+def of(name):
+    try:
+        return f"{name} {version(name)}"
+    except PackageNotFoundError:
+        return f"no {name}"
+
+
+gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+print("python", sys.version.split()[0], *map(of, ("torch", "transformers", "megatron-core", "nemo-automodel")), gpus)
+EOF
+
+step() { echo "== $1 ($(date +%T))"; start=$(date +%s); }
+took() { echo "rc=$1 wall=$(( $(date +%s) - start )) s"; }
+
+job() {  # pytest names the plugin with -p: vdpcp runs from the checkout, not installed
+    step "the GPU job: pytest -n 0 --backend nccl -m distributed"
+    timeout 300 python3 -m pytest -p vdpcp.pytest_plugin -n 0 --backend nccl -m distributed -q -rs \
+        --junitxml="$out/gpu-job.xml" >"$out/gpu-job.txt" 2>&1
+    took $?; tail -4 "$out/gpu-job.txt"
+}
+
+nccl-cp1() {
+    step "vdpcp check --backend nccl --cp 1, every shipped subject"
+    timeout 150 python3 -m vdpcp check --backend nccl --cp 1 --impl $SUBJECTS \
+        --json "$out/check-nccl-cp1.json" >"$out/check-nccl-cp1.txt" 2>&1
+    took $?; tail -1 "$out/check-nccl-cp1.txt"
+}
+
+bf16() {  # the built-ins together, each third-party subject alone; the per-case lines carry each case's seconds
+    for impl in "reference mcore" qwen2_5_vl automodel automodel-shipped; do
+        step "VDPCP_DEVICE=cuda vdpcp check --backend gloo --cp 2 4 --dtype bfloat16 --impl $impl"
+        VDPCP_DEVICE=cuda timeout 200 python3 -m vdpcp check --backend gloo --cp 2 4 --dtype bfloat16 --impl $impl \
+            >"$out/bf16-${impl// /-}.txt" 2>&1
+        took $?; grep " cases: " "$out/bf16-${impl// /-}.txt" | tail -1
+    done
+}
+
+faults() {  # no preload (the harness before it preloaded on GPUs) against the case imports preloaded, workers
+    # re-forked or kept; the zygote tolerates the CUDA driver's thread, named cuda... (forkcheck.jsonl in the record)
+    step "vdpcp bench faults, 2 gloo ranks sharing the GPU"
+    timeout 300 python3 -m vdpcp bench faults --device cuda --passes 3 --repeats 2 --grace 0.1 --tolerate-threads cuda \
+        --config none/off --config case/off --config case/on --json "$out/bench-faults.json" 2>&1 | tail -12
+    took "${PIPESTATUS[0]}"
+}
+
+ab() {
+    step "vdpcp ab --cp 2 --dtype bfloat16 --tower real, two ranks sharing the GPU over gloo"
+    VDPCP_DEVICE=cuda timeout 500 python3 -m vdpcp ab --cp 2 --steps 5 --dtype bfloat16 --tower real --backend gloo \
+        --timeout 400 --json "$out/ab.json" --png "$out/ab.png" >"$out/ab.txt" 2>&1
+    took $?; grep "peak allocated memory\|verdict" "$out/ab.txt"
+}
+
+memory() {  # bench memory writes a folder (results.json, tables.md): the record keeps flat files
+    for dataset in multi-image video; do
+        seeds=4; [ "$dataset" = video ] && seeds=2
+        step "vdpcp bench memory --device cuda --dataset $dataset --seeds $seeds"
+        folder=$(mktemp -d)
+        PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 300 python3 -m vdpcp bench memory --device cuda \
+            --dataset "$dataset" --seeds "$seeds" --out "$folder" >"$folder/stdout.txt" 2>&1
+        took $?; tail -2 "$folder/stdout.txt"
+        [ -f "$folder/results.json" ] && mv "$folder/results.json" "$out/memory-$dataset.json"
+        [ -f "$folder/tables.md" ] && mv "$folder/tables.md" "$out/memory-$dataset.md"
+        rm -rf "$folder"
+    done
+}
+
+for s in $steps; do "$s"; done
+echo "== done ($(date +%T)); written under $out"
