@@ -295,8 +295,8 @@ class Execution:
             self.calls[name] = self.calls.get(name, 0) + rows
             if name == self.first:
                 self.taken += [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-                if rows and not tensor.requires_grad:
-                    self.untracked += pixel_rows(tensor, rows)
+                if rows and not (torch.is_grad_enabled() and tensor.requires_grad):  # a view made under no_grad
+                    self.untracked += pixel_rows(tensor, rows)                       # still says requires_grad
         return record
 
     def close(self) -> None:

@@ -159,3 +159,22 @@ def _tower_detached_on_last_rank(impl):
                 p.requires_grad_(True)
 
     return _Wrapped(impl, around=encode_sharded)
+
+
+@generic(
+    "whole-microbatch-encoded-without-grad",
+    "every CP rank also runs the whole microbatch through its tower under torch.no_grad() (to count its tokens, or a "
+    "debug path left in) before its own share: outputs and gradients are right, but each rank does the tower's work "
+    "for every image again, and the feature's compute win is gone",
+    kills=("three-images-cp2-reference-count", "eight-equal-cp2-reference-count"),
+)
+def _whole_microbatch_encoded_without_grad(impl):
+    import torch
+
+    def encode_sharded(subject, model, inputs, config, group):
+        if config.shard_vision:
+            with torch.no_grad():
+                subject.encode(model, inputs)
+        return subject.encode_sharded(model, inputs, config, group)
+
+    return _Wrapped(impl, around=encode_sharded)
