@@ -100,9 +100,28 @@ def limit(device: str = "cpu") -> tuple[int, str]:
     return DEFAULT_LIMIT, "the default limit"
 
 
+_flops_override: list[tuple[float, str]] = []
+
+
+@contextmanager
+def limited_flops(tflop, source: str = FLOPS_FLAG):
+    """The CPU's compute limit is ``tflop`` TFLOP for the block, then as it was (None: as it is)."""
+    if tflop is None:
+        yield
+        return
+    entry = (float(tflop) * 1e12, f"{source} {tflop:g}")
+    _flops_override.append(entry)
+    try:
+        yield
+    finally:
+        _flops_override.remove(entry)
+
+
 def flops_limit() -> tuple[float, str]:
-    """(floating-point operations a case may take on the CPU, where that figure comes from): VDPCP_MAX_CASE_TFLOP,
-    else DEFAULT_FLOPS. A GPU has no such limit."""
+    """(floating-point operations a case may take on the CPU, where that figure comes from): limited_flops(), else
+    VDPCP_MAX_CASE_TFLOP, else DEFAULT_FLOPS. A GPU has no such limit."""
+    if _flops_override:
+        return _flops_override[-1]
     env = os.environ.get(FLOPS_ENV)
     if env is None or not env.strip():
         return DEFAULT_FLOPS, "the default limit"
@@ -130,9 +149,10 @@ def limited(value, source: str = FLAG):
         _override.remove(entry)
 
 
-def override() -> tuple[int, str] | None:
-    """The innermost limited() in force, if any (for tests' setting-leak guard)."""
-    return _override[-1] if _override else None
+def override() -> tuple | None:
+    """The innermost limited() and limited_flops() in force, if any (for tests' setting-leak guard)."""
+    return (_override[-1] if _override else None, _flops_override[-1] if _flops_override else None) \
+        if _override or _flops_override else None
 
 
 # --- what a case needs -----------------------------------------------------------------------------------
@@ -237,14 +257,15 @@ def check(case, source: str | None = None, device: str | None = None) -> Need:
     held = found.total if device == "cpu" else _on_one_gpu(found)
     if held > allowed:
         raise SpecTooLarge(
-            f"{prefix}{_culprit(case.spec)}: at CP={case.cp} the case needs {found.text(patches=False)}, over {where} of "
+            f"{prefix}{_culprit(case.spec)}: at CP={case.cp}{_with_tower(case)} the case needs {found.text(patches=False)}, "
+            f"over {where} of "
             f"{human(allowed)}; raise it with {FLAG} (pytest: --vdpcp-max-spec-bytes) or {ENV} where the machine has the memory")
     if device == "cpu":
         work, most, said = found.flops, *flops_limit()
         if work > most:
             raise SpecTooLarge(
-                f"{prefix}{_culprit(case.spec)}: at CP={case.cp} the case is about {work / 1e12:,.1f} TFLOP of "
-                f"{case.tower}-size tower work on the CPU, too slow for this machine (over {said} of "
+                f"{prefix}{_culprit(case.spec)}: at CP={case.cp}{_with_tower(case)} the case is about {work / 1e12:,.1f} "
+                f"TFLOP on the CPU, too slow for this machine (over {said} of "
                 f"{most / 1e12:g} TFLOP, minutes a case on 2 cores); run it on a GPU (VDPCP_DEVICE=cuda or --backend "
                 f"nccl), or raise it with {FLOPS_FLAG} or {FLOPS_ENV}")
     return found
@@ -258,6 +279,10 @@ def fits(case, device: str | None = None) -> bool:
     except SpecTooLarge:
         return False
     return True
+
+
+def _with_tower(case) -> str:
+    return "" if case.tower == "toy" else f" with the {case.tower}-size tower ({_params(case) / 1e6:,.0f}M parameters)"
 
 
 def _on_one_gpu(found: Need) -> int:

@@ -24,7 +24,7 @@ megatron-core's notices that optional packages are missing are filtered out (see
 import pytest
 
 from vdpcp import budget, harness, third_party
-from vdpcp.cli import RANKS, SECONDS
+from vdpcp.cli import RANKS, SECONDS, number
 from vdpcp.harness.config import BACKENDS, configured
 
 
@@ -39,7 +39,11 @@ def pytest_addoption(parser):
                   help="modules imported once in the rank zygote, so every rank starts with them")
     group.addoption("--vdpcp-max-spec-bytes", default=None, metavar="BYTES",
                     help="refuse a case whose estimated memory on this machine is over BYTES, e.g. 16G "
-                         "(default: $VDPCP_MAX_SPEC_BYTES or 8G)")
+                         "(default: $VDPCP_MAX_SPEC_BYTES or 8G; on GPUs nine tenths of the GPU)")
+    group.addoption("--vdpcp-max-case-tflop", type=number(float, 0, above=True), default=None, metavar="TFLOP",
+                    help="on the CPU, refuse a case of more work than this (default: $VDPCP_MAX_CASE_TFLOP or 2)")
+    group.addoption("--vdpcp-tower", default="toy", metavar="SIZE",
+                    help="tower size of the vdpcp_case matrix: toy (default) or real (the published sizes, for GPUs)")
     group.addoption("--vdpcp-impl", action="append", default=[], metavar="IMPL",
                     help="implementation whose matrix runs as the vdpcp_case tests (repeatable): a registered name "
                          "(vdpcp.implementations entry points) or module:object (default: reference and mcore)")
@@ -63,7 +67,8 @@ def pytest_configure(config):
     # in-process pytest run, as pytester makes, must not leave its --backend or its spec limit to its caller).
     settings = [configured(backend=config.getoption("backend"), timeout=config.getoption("vdpcp_timeout"),
                            preload=config.getini("vdpcp_preload") or None),
-                budget.limited(limit, "--vdpcp-max-spec-bytes")]
+                budget.limited(limit, "--vdpcp-max-spec-bytes"),
+                budget.limited_flops(config.getoption("vdpcp_max_case_tflop"), "--vdpcp-max-case-tflop")]
     for scope in settings:
         scope.__enter__()
     config.stash[_SESSION_SETTINGS] = settings
@@ -93,17 +98,18 @@ def pytest_generate_tests(metafunc):
     if "vdpcp_case" not in metafunc.fixturenames:
         return
     from vdpcp import testing
-    from vdpcp.cli import UsageError, checked_impls
+    from vdpcp.cli import UsageError, checked_impls, checked_tower
     from vdpcp.impls import BUILT_INS
     from vdpcp.scenarios import CP_SIZES
 
     config = metafunc.config
     try:
         impls = checked_impls(config.getoption("vdpcp_impl") or config.getini("vdpcp_impl") or BUILT_INS)
+        tower = checked_tower(config.getoption("vdpcp_tower"), impls)
     except UsageError as err:
         raise pytest.UsageError(str(err)) from None
     cps = tuple(config.getoption("vdpcp_cp") or CP_SIZES)
-    metafunc.parametrize("vdpcp_case", [p for impl in impls for p in testing.params(impl, cps)])
+    metafunc.parametrize("vdpcp_case", [p for impl in impls for p in testing.params(impl, cps, tower=tower)])
 
 
 # Sessions open in this process. pytester's in-process runs open a session inside a test of another one, sharing

@@ -22,6 +22,7 @@ REFUSED = [
     (["check"], "--maxfail", "-1", ">= 0"),
     (["check"], "--maxfail", "1.5", ">= 0"),
     (["check"], "--max-spec-bytes", "0", "positive number of bytes"),
+    (["check"], "--max-case-tflop", "0", "> 0"),
     (["replay", "x-cp2.json"], "--cp", "0", ">= 1"),
     (["replay", "x-cp2.json"], "--timeout", "-1", "> 0"),
     (["replay", "x-cp2.json"], "--max-spec-bytes", "-1", "a number of bytes"),
@@ -33,6 +34,9 @@ REFUSED = [
     (["fuzz", "--cp", "2"], "--max-spec-bytes", "0", "positive number of bytes"),
     (["mutants"], "--timeout", "0", "> 0"),
     (["mutants"], "--maxfail", "-1", ">= 0"),
+    (["mutants"], "--max-case-tflop", "-1", "> 0"),
+    (["replay", "x-cp2.json"], "--max-case-tflop", "0", "> 0"),
+    (["fuzz", "--cp", "2"], "--max-case-tflop", "0", "> 0"),
     (["ab"], "--cp", "1", ">= 2"),
     (["ab"], "--steps", "0", ">= 1"),
     (["ab"], "--accumulate", "0", ">= 1"),
@@ -59,7 +63,8 @@ REFUSED = [
     (["bench", "wire"], "--seed", "-1", ">= 0 and <= 4294967295"),
     (["bench", "wire"], "--cp", "0", ">= 1"),
 ]
-PYTEST_REFUSED = [("--vdpcp-timeout", "0", "> 0"), ("--vdpcp-cp", "0", ">= 1"), ("--replay-cp", "0", ">= 1")]
+PYTEST_REFUSED = [("--vdpcp-timeout", "0", "> 0"), ("--vdpcp-cp", "0", ">= 1"), ("--replay-cp", "0", ">= 1"),
+                  ("--vdpcp-max-case-tflop", "0", "> 0")]
 
 
 @pytest.fixture

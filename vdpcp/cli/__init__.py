@@ -73,21 +73,41 @@ def add_run_options(parser) -> None:
 
 
 def add_budget_option(parser) -> None:
-    """--max-spec-bytes, for every subcommand that runs cases: each case is sized first (vdpcp.budget)."""
+    """--max-spec-bytes and --max-case-tflop, for every subcommand that runs cases: each is sized first (vdpcp.budget)."""
     parser.add_argument("--max-spec-bytes", default=None, metavar="BYTES",
-                        help="refuse a case whose estimated memory on this machine (every rank, both arms) is over "
-                             "BYTES, e.g. 16G (default: $VDPCP_MAX_SPEC_BYTES, else 8G)")
+                        help="refuse a case whose estimated memory (on the CPU: every rank on this machine; on GPUs: the "
+                             "busiest GPU) is over BYTES, e.g. 16G (default: $VDPCP_MAX_SPEC_BYTES, else 8G on the CPU and "
+                             "nine tenths of the GPU)")
+    parser.add_argument("--max-case-tflop", type=number(float, 0, above=True), default=None, metavar="TFLOP",
+                        help="on the CPU, refuse a case of more work than this (default: $VDPCP_MAX_CASE_TFLOP, else 2: "
+                             "a real-size tower's cases are for GPUs)")
+
+
+TOWER_HELP = ("the size of every case's tower: toy (CPU CI, the default) or real (the published size each shipped "
+              "subject stands for: ViT-L/16, Qwen2.5-VL-7B's, Qwen3-VL-8B's; for GPUs), or any size an implementation declares")
+
+
+def checked_tower(tower: str, impls) -> str:
+    """--tower, as every implementation asked for declares it (its ``towers``): one usage error naming the rest."""
+    from vdpcp.impls import resolve
+
+    missing = {impl: sorted(resolve(impl).towers) for impl in impls if tower not in resolve(impl).towers}
+    if missing:
+        said = "; ".join(f"{impl} comes in {', '.join(sizes)}" for impl, sizes in missing.items())
+        raise UsageError(f"--tower {tower}: {said}")
+    return tower
 
 
 @contextlib.contextmanager
-def spec_limit(value):
-    """--max-spec-bytes for one subcommand, then the limit as it was; a bad limit, or a spec over it, wherever it is
-    met, is one usage error (exit 2)."""
+def spec_limit(value, tflop=None):
+    """--max-spec-bytes and --max-case-tflop for one subcommand, then the limits as they were; a bad limit, or a spec
+    over one, wherever it is met, is one usage error (exit 2)."""
     from vdpcp import budget
 
     try:
-        with budget.limited(value):
-            budget.limit()  # a bad VDPCP_MAX_SPEC_BYTES: one line, before anything runs
+        with budget.limited(value), budget.limited_flops(tflop):
+            budget.limit()  # a bad VDPCP_MAX_SPEC_BYTES or VDPCP_MAX_CASE_TFLOP: one line, before anything runs
+            budget.flops_limit()
             yield
     except budget.BudgetError as err:
         raise UsageError(str(err)) from None
@@ -154,7 +174,7 @@ def main(argv=None) -> int:
         # --impl module:object names a module of the project it is run from, as `python -m` would find it
         sys.path.insert(0, os.getcwd())
         # whatever a subcommand configures (backend, preload, the spec limit) ends with it
-        with configured(), spec_limit(getattr(args, "max_spec_bytes", None)):
+        with configured(), spec_limit(getattr(args, "max_spec_bytes", None), getattr(args, "max_case_tflop", None)):
             return int(args.func(args) or 0)
     except UsageError as err:
         print(f"vdpcp {args.command}: {err}", file=sys.stderr)

@@ -18,8 +18,20 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from vdpcp.cli import (DTYPES, IMPL_HELP, LOSSES, RANKS, SPLITS, UsageError, add_budget_option, add_run_options, checked_impls,
-                       checked_splits)
+from vdpcp.cli import (
+    DTYPES,
+    IMPL_HELP,
+    LOSSES,
+    RANKS,
+    SPLITS,
+    TOWER_HELP,
+    UsageError,
+    add_budget_option,
+    add_run_options,
+    checked_impls,
+    checked_splits,
+    checked_tower,
+)
 from vdpcp.progress import add_maxfail_options
 
 
@@ -36,6 +48,7 @@ def register(subparsers) -> None:
     parser.add_argument("-k", "--match", metavar="TEXT", help="only cases whose id contains TEXT")
     parser.add_argument("--dtype", choices=DTYPES, default="float64",
                         help="dtype of every case (default float64; bf16 gradients compare as vectors, see vdpcp.case)")
+    parser.add_argument("--tower", default="toy", metavar="SIZE", help=TOWER_HELP)
     parser.add_argument("--mutant", metavar="NAME", help="apply a named mutant (vdpcp.mutants) to every case: see what kills it")
     add_run_options(parser)
     add_budget_option(parser)
@@ -57,7 +70,8 @@ def select(args) -> tuple[list, list]:
     from vdpcp.impls import BUILT_INS
 
     impls = checked_impls(args.impl or BUILT_INS)
-    filters = {"impls": impls, "splits": checked_splits(args.split, impls), "losses": tuple(args.loss or LOSSES)}
+    filters = {"impls": impls, "splits": checked_splits(args.split, impls), "losses": tuple(args.loss or LOSSES),
+               "tower": checked_tower(args.tower, impls)}
     try:
         if args.spec:
             table = []
@@ -65,10 +79,12 @@ def select(args) -> tuple[list, list]:
                 rows = scenarios.spec_scenarios(path, cps)
                 for row, cp, impl in ((r, cp, i) for r in rows for cp in r.cps for i in filters["impls"]):
                     # before the matrix plans every split (packing 100,000 images alone takes minutes)
-                    budget.check(Case(row.spec, cp, impl, dtype=args.dtype), path if path.is_file() else f"{path} ({row.spec.name})")
+                    budget.check(Case(row.spec, cp, impl, dtype=args.dtype, tower=args.tower),
+                                 path if path.is_file() else f"{path} ({row.spec.name})",
+                                 budget.device_for(args.backend, cp))
                 table += rows
         else:
-            table = scenarios.scenarios()
+            table = scenarios.scenarios(tower=args.tower)
         cases = scenarios.matrix(cps, table=table, special=not args.spec, **filters)
     except SpecError as err:
         raise UsageError(str(err)) from None
@@ -85,7 +101,7 @@ def select(args) -> tuple[list, list]:
     if not cases:
         raise UsageError("no case matches the options (--cp, --impl, --split, --loss, --match)")
     try:
-        for case in cases:
+        for case in cases if not args.list else ():  # a list runs nothing, so sizes nothing
             budget.check(case, case.id, budget.device_for(args.backend, case.world_size))
     except SpecError as err:
         raise UsageError(str(err)) from None

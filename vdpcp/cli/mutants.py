@@ -15,7 +15,7 @@ import io
 import time
 from pathlib import Path
 
-from vdpcp.cli import IMPL_HELP, UsageError, add_run_options, checked_impls
+from vdpcp.cli import DTYPES, IMPL_HELP, TOWER_HELP, UsageError, add_budget_option, add_run_options, checked_impls, checked_tower
 from vdpcp.progress import add_maxfail_options
 
 
@@ -26,7 +26,10 @@ def register(subparsers) -> None:
                         help=f"implementation to mutate (default: reference, which also has vdpcp's own named mutants): {IMPL_HELP}")
     parser.add_argument("--full", action="store_true",
                         help="search the whole matrix for every mutant, not its kill set first")
+    parser.add_argument("--dtype", choices=DTYPES, default="float64", help="dtype of every case (default float64)")
+    parser.add_argument("--tower", default="toy", metavar="SIZE", help=TOWER_HELP)
     add_run_options(parser)
+    add_budget_option(parser)
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every mutant's result as JSON")
     parser.add_argument("--junit-xml", type=Path, metavar="PATH", help="write JUnit XML (one testcase per mutant)")
     parser.add_argument("--list", action="store_true", help="list the mutants with their bugs and kill sets, and exit")
@@ -54,8 +57,11 @@ def main(args) -> int:
         return 0
     # vdpcp's own named mutants patch its plan, which MCore's cases are checked against too: the reference's
     # hunt runs the built-ins' matrix; another implementation's, its own.
-    matrix = scenarios.matrix(impls=BUILT_INS if impl == "reference" else (impl,))
-    kill_sets = {name: _kill_set(MUTANTS[name].kills, matrix, impl) for name in names}
+    tower = checked_tower(args.tower, BUILT_INS if impl == "reference" else (impl,))
+    matrix = scenarios.matrix(impls=BUILT_INS if impl == "reference" else (impl,), tower=tower)
+    kill_sets = {name: [c.with_(dtype=args.dtype) for c in _kill_set(MUTANTS[name].kills, matrix, impl, tower)]
+                 for name in names}
+    matrix = [c.with_(dtype=args.dtype) for c in matrix]
     if args.backend is not None:
         configure(backend=args.backend)  # for this call only: vdpcp.cli.main scopes it
     preload_case_modules([impl])
@@ -100,19 +106,22 @@ def main(args) -> int:
     return run.exit_code(not survived)
 
 
-def _kill_set(kills, matrix, impl: str) -> list:
-    """The mutant's kill set in ``impl``'s matrix: the same rows (scenario, CP, layout, loss), count split."""
+def _kill_set(kills, matrix, impl: str, tower: str = "toy") -> list:
+    """The mutant's kill set in ``impl``'s matrix: the same rows (scenario, CP, layout, loss), count split; at another
+    tower size, the rows that play their parts there (vdpcp.scenarios.stand_in), those it has."""
     from vdpcp.scenarios import matrix as full_matrix
+    from vdpcp.scenarios import stand_in
 
     by_id = {case.id: case for case in matrix}
+    kills = list(dict.fromkeys(stand_in(k, tower) for k in kills))
     if impl == "reference":
         missing = [k for k in kills if k not in by_id]
-        if missing:
+        if missing and tower == "toy":
             raise UsageError(f"kill set names cases that are not in the matrix: {missing}")
-        return [by_id[k] for k in kills]
+        return [by_id[k] for k in kills if k in by_id]
     from vdpcp.impls import resolve
 
-    reference = {case.id: case for case in full_matrix(impls=("reference",))}
+    reference = {case.id: case for case in full_matrix(impls=("reference",), tower=tower)}
     split = resolve(impl).splits[0]  # the kill set's rows in the implementation's own first partition
     wanted = [reference[k].with_(impl=impl, split=split) for k in kills if k in reference]
     return [by_id[c.id] for c in wanted if c.id in by_id]
