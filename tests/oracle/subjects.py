@@ -6,6 +6,7 @@ them by ``module:object`` target (``tests.oracle.subjects:replicating``), so ran
 
 from dataclasses import replace
 
+import torch
 import torch.distributed as dist
 
 from vdpcp.impls.reference import Reference
@@ -144,3 +145,59 @@ class RoundsApart(Reference):
 # of it): 1.6e-6 apart is within rtol + slack, 2.3e-6 beyond (tests/oracle/test_rounding.py).
 within_the_slack = RoundsApart(1.6e-6)
 beyond_the_slack = RoundsApart(2.3e-6)
+
+
+class BatchVariant(Reference):
+    """The reference as a deep tower runs in bf16 on a GPU: every encode's rows come out ``noise`` (relative) away
+    from exact, differently per call, because a row's value depends on what else is in its batch (vdpcp.precision).
+    In float32 and float64 (the exact run) it is exact. Correct: only the measured slack tells it from a bug."""
+
+    name = "batch-variant"
+    splits = ("count",)
+    noise = 0.03  # about what the H200 measured at Qwen2.5-VL-7B's size in bf16 (2.3% from float64, 2.6% apart)
+
+    def encode(self, model, batch):
+        return self._rounded(super().encode(model, batch), salt=0)
+
+    def encode_sharded(self, model, batch, config, group):
+        return self._rounded(super().encode_sharded(model, batch, config, group), salt=1)
+
+    def _rounded(self, out, salt: int):
+        if out.dtype != torch.bfloat16:
+            return out
+        gen = torch.Generator().manual_seed(salt)
+        jitter = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(out.device, out.dtype)
+        return out + (self.noise * jitter * out.detach().abs()).detach()  # forward off, gradient untouched
+
+
+class BatchVariantOneRowWrong(BatchVariant):
+    """BatchVariant with one gathered token row wrong by 30% on every rank: a real bug, as large as one misplaced
+    token's worth, that only a per-row comparison keeps from hiding in a per-image or whole-tensor norm."""
+
+    name = "batch-variant-one-row-wrong"
+
+    def encode_sharded(self, model, batch, config, group):
+        out = super().encode_sharded(model, batch, config, group)
+        scale = torch.ones(out.shape[0], 1, dtype=out.dtype, device=out.device)
+        scale[out.shape[0] // 2] = 1.3
+        return out * scale if config.shard_vision else out
+
+
+class ChangesItsWeights(Reference):
+    """Right in every result, but its sharded encode nudges the projector's last bias in place afterwards (an
+    optimizer step or a debug hook left in; a bias, so autograd's saved tensors stay valid): the next case would
+    see other weights."""
+
+    name = "changes-its-weights"
+    splits = ("count",)
+
+    def encode_sharded(self, model, batch, config, group):
+        out = super().encode_sharded(model, batch, config, group)
+        with torch.no_grad():
+            model.projector[-1].bias.add_(1e-3)
+        return out
+
+
+batch_variant = BatchVariant()
+batch_variant_one_row_wrong = BatchVariantOneRowWrong()
+changes_its_weights = ChangesItsWeights()

@@ -1,0 +1,94 @@
+"""The precision model's parts (vdpcp.precision): the exact run's switches, its chunks, and the comparisons."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from vdpcp import precision
+from vdpcp.case import Case
+from vdpcp.impls import resolve
+from vdpcp.scenarios import SCENARIOS
+
+SPECS = {s.spec.name: s.spec for s in SCENARIOS}
+
+
+def test_the_exact_run_turns_tf32_off_and_puts_every_switch_back():
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = (matmul.allow_tf32, cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    cudnn.allow_tf32 = True  # torch's default: TF32 in cuDNN convolutions
+    try:
+        with precision.highest_precision():
+            assert not matmul.allow_tf32 and not cudnn.allow_tf32
+            assert torch.get_float32_matmul_precision() == "highest"
+        assert (matmul.allow_tf32, cudnn.allow_tf32) == (saved[0], True)
+        assert torch.get_float32_matmul_precision() == saved[2]
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = saved[:2]
+        torch.set_float32_matmul_precision(saved[2])
+
+
+@pytest.mark.parametrize("chunk, groups", [(10**9, [(0, 5)]), (1, [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]),
+                                           (100, [(0, 1), (1, 2), (2, 5)])])
+def test_chunks_are_whole_media_items_in_order_each_as_small_as_the_chunk_allows(chunk, groups):
+    spec = SPECS["video-and-images"]  # media of 1, 4, 1, 5, 1 frames: 16, 96, 12, 40, 16 patches
+    batch = spec.tensors()
+    subs = list(precision.media_chunks(batch, chunk))
+    starts = [0]
+    for n in spec.media_frames:
+        starts.append(starts[-1] + n)
+    assert len(subs) == len(groups)
+    rows = [len(sub.spec.images) for sub in subs]
+    assert rows == [starts[b] - starts[a] for a, b in groups]
+    assert torch.equal(torch.cat([sub.patches for sub in subs], dim=1), batch.patches)
+    assert all(int(sub.cu_seqlens[-1]) == sub.patches.shape[1] and int(sub.cu_seqlens[0]) == 0 for sub in subs)
+
+
+def test_the_exact_run_in_chunks_measures_what_it_measures_whole():
+    """A tower encodes each image on its own, so the exact run may go a few images at a time: the same figures."""
+    impl, case = resolve("reference"), Case(SPECS["video-and-images"], 2, dtype="float32")
+    model = impl.build_model(case, torch.float32, torch.device("cpu"))
+    batch = case.spec.tensors(dtype=torch.float32)
+    batch.patches.requires_grad_(True)
+    out = {"features": impl.encode(model, batch)}
+    weights = {"features": torch.randn(out["features"].shape, generator=torch.Generator().manual_seed(0))}
+    (out["features"] * weights["features"]).sum().backward()
+    grads = [p.grad for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    whole, chunked = (precision.measure(impl, model, batch, out, grads, None, weights, None, True, chunk=c)
+                      for c in (10**9, 1))
+    assert whole.params == pytest.approx(chunked.params, rel=1e-6)
+    assert torch.allclose(whole.input, chunked.input, rtol=1e-6)
+    assert torch.allclose(whole.outputs["features"], chunked.outputs["features"], rtol=1e-6)
+    assert 0 < whole.params < 1e-5 and float(whole.outputs["features"].max()) < 1e-5  # float32 against float64
+
+
+def test_rows_compare_each_within_rtol_and_its_own_slack_and_the_worst_is_named():
+    expected = torch.ones(4, 8, dtype=torch.bfloat16)
+    actual = expected.clone()
+    actual[2] *= 1.05  # 5% off: over rtol 1.6%, within rtol + 4% of its own slack
+    slack = torch.tensor([0.0, 0.0, 0.04, 0.0])
+    assert precision.compare_rows("outputs", actual, expected, slack, "token") is None
+    said = precision.compare_rows("outputs", actual, expected, None, "token", names=["a", "b", "c", "d"])
+    assert said == ("outputs: 1 of 4 tokens off; token c: relative 2-norm error 0.0469 exceeds torch.bfloat16's rtol "
+                    "0.016"), said
+
+
+def test_images_compare_per_microbatch_row_of_packed_patches():
+    expected = torch.ones(1, 6, 2, dtype=torch.float32)
+    actual = expected.clone()
+    actual[0, 4:] *= 1.001  # the last image (patches 4 and 5) off
+    said = precision.compare_rows("input grads", actual, expected, None, "image", cu_seqlens=[0, 2, 4, 6])
+    assert said.startswith("input grads: 1 of 3 images off; image 2: relative 2-norm error 0.001"), said
+
+
+def test_the_report_says_what_precision_ran():
+    assert precision.in_effect(torch.bfloat16, torch.device("cpu")) == "bfloat16"
+    assert precision.EXACT[torch.bfloat16] == torch.float32 and precision.EXACT[torch.float32] == torch.float64
+    assert not precision.low(torch.float64) and precision.low(torch.float32)
+
+
+def test_a_batch_without_rows_is_one_chunk():
+    empty = replace(SPECS["three-images"], images=(), name="none")
+    assert len(list(precision.media_chunks(empty.tensors(), 1))) == 1
