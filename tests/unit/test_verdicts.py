@@ -209,7 +209,7 @@ def test_check_exits_with_the_code_of_its_cases_verdicts(monkeypatch, capsys):
     monkeypatch.setattr(vdpcp.runner, "preload_case_modules", lambda impls: None)
     for (verdicts, flags), want in runs.items():
         shown = iter(verdicts)
-        monkeypatch.setattr(vdpcp.runner, "run_judged", lambda case, backend=None, timeout=None: _showing(next(shown)))
+        monkeypatch.setattr(vdpcp.runner, "run_judged", lambda case, backend=None, timeout=None, shown=shown: _showing(next(shown)))
         argv = ["check", "--cp", "1", "--impl", "reference", "-k", "three-images-cp1", *flags]
         assert main(argv) == want, f"{' '.join(argv)} with verdicts {verdicts}: expected exit {want}"
 
