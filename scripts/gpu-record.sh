@@ -9,6 +9,11 @@
 #   nccl-cp1   vdpcp check --backend nccl --cp 1, every shipped subject             -> check-nccl-cp1.txt, .json
 #   bf16       the bf16 matrix at CP 2 and 4 over gloo, every rank's tensors on the GPU, per subject
 #                                                                    -> bf16-reference-mcore.txt, bf16-qwen2_5_vl.txt, ...
+#   real       every shipped subject at its published size (--tower real), bf16, CP 2 and 4, gloo ranks sharing the
+#              GPU: verdicts, seconds per case, each rank's peak against the budget (vdpcp bench towers)
+#                                                                                    -> real-bfloat16.txt, .json
+#   real-f32   the same in float32, TF32 as torch defaults it                         -> real-float32.txt, .json
+#   real-mutants  every named and generic mutant of the reference at the real size, bf16 -> real-mutants.txt, .json
 #   faults     what a faulted case costs over a passing one (vdpcp bench faults)    -> bench-faults.json
 #   ab         the A/B, flag on against off, CP 2 sharing the GPU, bf16, ViT-L-sized  -> ab.txt, ab.json, ab.png
 #   memory     busiest-rank memory and time of encode+project, sharded vs unsharded
@@ -21,7 +26,7 @@
 #   set -o pipefail; scripts/gpu-record.sh job nccl-cp1 bf16 2>&1 | tee $OUT/gpu-record-stdout.txt   # carry: .whl
 #   set -o pipefail; scripts/gpu-record.sh faults ab memory 2>&1 | tee $OUT/gpu-record-stdout-2.txt
 set -u
-ALL="job nccl-cp1 bf16 faults ab memory"
+ALL="job nccl-cp1 bf16 real real-f32 real-mutants faults ab memory"
 SUBJECTS="reference mcore qwen2_5_vl automodel automodel-shipped"
 out=${OUT:-reports/gpu}
 if [ "${1:-}" = --out ]; then
@@ -82,6 +87,24 @@ bf16() {  # the built-ins together, each third-party subject alone; the per-case
             >"$out/bf16-${impl// /-}.txt" 2>&1
         took $?; grep " cases: " "$out/bf16-${impl// /-}.txt" | tail -1
     done
+}
+
+towers() {  # $1: the dtype
+    step "VDPCP_DEVICE=cuda vdpcp bench towers --cp 2 4 --dtype $1 --backend gloo (every shipped subject, --tower real)"
+    VDPCP_DEVICE=cuda timeout "${REAL_S:-560}" python3 -m vdpcp bench towers --cp 2 4 --dtype "$1" --backend gloo \
+        --json "$out/real-$1.json" >"$out/real-$1.txt" 2>&1
+    took $?; tail -12 "$out/real-$1.txt"
+}
+
+real() { towers bfloat16; }
+
+real-f32() { towers float32; }
+
+real-mutants() {
+    step "VDPCP_DEVICE=cuda vdpcp mutants --dtype bfloat16 --tower real --backend gloo"
+    VDPCP_DEVICE=cuda timeout "${REAL_S:-560}" python3 -m vdpcp mutants --dtype bfloat16 --tower real --backend gloo \
+        --json "$out/real-mutants.json" >"$out/real-mutants.txt" 2>&1
+    took $?; grep "mutants of" "$out/real-mutants.txt" | tail -1
 }
 
 faults() {  # no preload (the harness before it preloaded on GPUs) against the case imports preloaded, workers

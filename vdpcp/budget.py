@@ -200,15 +200,16 @@ class Need:
 
 
 EXACT = {"bfloat16": "float32", "float32": "float64"}  # vdpcp.precision's exact run, by the case's dtype
+EXACT_CHUNK = 4096  # patches of whole media items per call of the exact run (vdpcp.precision.measure)
 # Besides its weights, a rank holds three sets of gradients through a case: the unsharded arm's, set aside; its own
 # share of them (the rank-alone expectation); the sharded arm's own. Its exact run holds a copy, its gradients and
 # its own-share gradients.
 GRAD_SETS, EXACT_COPIES = 3, 3
 
 
-def need(case, patch_bytes: int | None = None) -> Need:
-    """What ``case`` will need. ``patch_bytes``: one arm's bytes per patch, as an implementation declares it
-    (default: its ``patch_bytes(case)``, else the toy tower's estimate)."""
+def need(case, patch_bytes: int | None = None, device: str = "cpu") -> Need:
+    """What ``case`` will need on ``device`` ("cpu" or "cuda"). ``patch_bytes``: one arm's bytes per patch, as an
+    implementation declares it (default: its ``patch_bytes(case)``, else the toy tower's estimate)."""
     spec, d = case.spec, DTYPE_BYTES[case.dtype]
     units = _units(spec)
     patches = sum(spec.row_patches)
@@ -218,11 +219,13 @@ def need(case, patch_bytes: int | None = None) -> Need:
         per_patch = patch_bytes if patch_bytes is not None else declared_patch_bytes(case.with_(dtype=dtype))
         if per_patch is not None:
             return sum(rows * p for rows, p, _ in shard) * per_patch
-        return toy_arm_bytes(case.with_(dtype=dtype), shard)
+        return toy_arm_bytes(case.with_(dtype=dtype), shard, device)
 
     unsharded = arm(units)
     exact = EXACT.get(case.dtype)
-    turn = max(unsharded, arm(units, exact) + EXACT_COPIES * params * DTYPE_BYTES[exact] if exact else 0)
+    chunks = [_units(spec, group) for group in spec.media_groups(EXACT_CHUNK)] or [units]
+    exact_arm = max(arm(chunk, exact) for chunk in chunks) + EXACT_COPIES * params * DTYPE_BYTES[exact] if exact else 0
+    turn = max(unsharded, exact_arm)
     inputs = 2 * patches * CHANNELS * spec.patch_dim**2 * INPUT_COPIES * d  # both arms' microbatch and its gradients
     weights = case.cp * _tokens(units) * _lm_hidden(case) * d  # W_r of every CP rank, on every rank
     fixed = (1 + GRAD_SETS) * params * d + inputs + weights
@@ -249,7 +252,7 @@ def check(case, source: str | None = None, device: str | None = None) -> Need:
     what ``device`` allows (default: device_for the configured backend): on the CPU this machine's memory limit
     and its compute limit; on a GPU the busiest GPU's memory."""
     device = device or device_for(None, case.world_size)
-    found = need(case)
+    found = need(case, device=device)
     allowed, where = limit(device)
     prefix = f"{source}: " if source else ""
     from vdpcp.spec import SpecTooLarge
@@ -311,9 +314,10 @@ def _declared(case, part: str):
     return declared(case) if callable(declared) else declared
 
 
-def toy_arm_bytes(case, units) -> int:
+def toy_arm_bytes(case, units, device: str = "cpu") -> int:
     """One arm of vdpcp's toy tower (vdpcp.model) over ``units`` [(rows, patches per row, grid)]: its inputs and
-    their gradient, tubelet stacks, activations kept for backward, the projector's."""
+    their gradient, tubelet stacks, activations kept for backward, the projector's. On the CPU activations below
+    float32 are float32 (its kernels compute bf16 in float32); on a GPU they are the dtype's."""
     c, d, T = _tower(case), DTYPE_BYTES[case.dtype], case.spec.temporal_patch_size
     row_patches = sum(rows * p for rows, p, _ in units)
     unit_patches = sum(p for _, p, _ in units)
@@ -321,7 +325,7 @@ def toy_arm_bytes(case, units) -> int:
     stacked = unit_patches * T * CHANNELS * case.spec.patch_dim**2 * 2 if T > 1 else 0
     hidden = unit_patches * (PER_LAYER * c["layers"] + AFTER_BLOCKS) * c["hidden"]
     projector = _tokens(units) * PER_TOKEN * c["lm_hidden"]
-    return (inputs + stacked) * d + (hidden + projector) * max(d, 4) + row_patches * PATCH_OVERHEAD
+    return (inputs + stacked) * d + (hidden + projector) * (max(d, 4) if device == "cpu" else d) + row_patches * PATCH_OVERHEAD
 
 
 def toy_params(case) -> int:
@@ -379,11 +383,13 @@ def gpu_memory() -> int:
     return torch.cuda.get_device_properties(0).total_memory
 
 
-def _units(spec) -> list[tuple[int, int, tuple[int, int]]]:
-    """The encoder's units (images, or tubelets of T frames): (rows it holds, patches of each row, its grid)."""
-    out, row, T = [], 0, spec.temporal_patch_size
+def _units(spec, media: tuple[int, int] | None = None) -> list[tuple[int, int, tuple[int, int]]]:
+    """The encoder's units (images, or tubelets of T frames) of the spec's media items [first, stop) (default all):
+    (rows it holds, patches of each row, its grid)."""
+    first, stop = media or (0, len(spec.media_frames))
+    out, row, T = [], spec.media_rows[first], spec.temporal_patch_size
     grids = spec.grids
-    for frames in spec.media_frames:
+    for frames in spec.media_frames[first:stop]:
         for k in range(0, frames, T):
             gh, gw = grids[row]
             out.append((min(T, frames - k), gh * gw, (gh, gw)))

@@ -12,6 +12,7 @@ Every image is encoded independently of every other, which is what makes vision 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -74,14 +75,10 @@ class Block(nn.Module):
 class VisionModel(nn.Module):
     """Tower + projector. ``encode`` stops before the projector so the sharded path can project, then gather."""
 
-    def __init__(self, config: TowerConfig = TowerConfig()):
+    def __init__(self, config: TowerConfig = TowerConfig(), device=None):
         super().__init__()
         c = self.config = config
-        with torch.random.fork_rng(devices=[]):
-            # Deterministic init, every rank the same weights. The CPU generator only: the weights are drawn on the
-            # CPU, fork_rng(devices=[]) restores only it, and torch.manual_seed would also reseed every GPU's (0.2 ms
-            # a call on CPU, capturing a stack for each device it queues a lazy seed for).
-            torch.default_generator.manual_seed(c.seed)
+        with seeded(c.seed, device):  # deterministic init: every rank the same weights
             self._build(c)
 
     def _build(self, c: TowerConfig) -> None:
@@ -142,6 +139,22 @@ class VisionModel(nn.Module):
                 unit_grids.append(grids[row + k])
             row += n
         return units, unit_grids
+
+
+@contextmanager
+def seeded(seed: int, device=None):
+    """Tensors made in the block are drawn from ``seed`` on ``device`` (default the CPU), the same on every rank, and
+    the generator is left as it was. On the CPU its generator only: torch.manual_seed would also reseed every GPU's
+    (0.2 ms a call, capturing a stack for each device it queues a lazy seed for). On a GPU that GPU's, so a real-size
+    tower is drawn where it runs (seconds of a single-threaded CPU per build otherwise)."""
+    device = torch.device(device or "cpu")
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda), torch.device(device):
+        torch.default_generator.manual_seed(seed)
+        for index in cuda:
+            with torch.cuda.device(index):
+                torch.cuda.manual_seed(seed)
+        yield
 
 
 def positions_needed(grids) -> int:

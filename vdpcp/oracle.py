@@ -97,7 +97,7 @@ def _turns(ctx, case: Case, result: RankResult):
     """One rank at a time on a shared GPU for the unsharded arm, where all of them at once would not fit."""
     if not getattr(ctx, "shares_device", False):
         return nullcontext()
-    need = budget.need(case)
+    need = budget.need(case, device="cuda")
     total = torch.cuda.get_device_properties(ctx.device).total_memory
     if need.colocated(turns=False) <= TURNS_ABOVE * total:
         return nullcontext()

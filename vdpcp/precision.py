@@ -25,13 +25,13 @@ includes TF32's own rounding (the Qwen2.5-VL patch embedding is a Conv3d: 4.6e-4
 from __future__ import annotations
 
 import copy
-import itertools
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import torch
 
+from vdpcp.budget import EXACT_CHUNK
 from vdpcp.protocol import outputs_of
 
 # assert_close's default rtol for the dtypes compared as norms; float64 compares element by element.
@@ -137,30 +137,16 @@ def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weig
                     2 * relative(ref_grads, [p.grad for p in params]), own)
 
 
-# Patches of whole media items per call of the exact run (one item larger than this is a call alone).
-EXACT_CHUNK = 4096
-
-
 def media_chunks(batch, chunk: int):
     """``batch`` as consecutive microbatches of whole media items, each of at most ``chunk`` patches (an item
-    larger than that alone); views of its patches, so gradients reach the whole."""
+    larger than that alone; MicrobatchSpec.media_groups); views of its patches, so gradients reach the whole."""
     spec = batch.spec
-    frames, patches = spec.media_frames, spec.row_patches
-    if not frames:
+    if not spec.media_frames:
         yield batch
         return
-    starts = list(itertools.accumulate(frames, initial=0))
-    bounds, size = [0], 0
-    for m in range(len(frames)):
-        item = sum(patches[starts[m] : starts[m + 1]])
-        if size and size + item > chunk:
-            bounds.append(m)
-            size = 0
-        size += item
-    bounds.append(len(frames))
-    cu = [int(c) for c in batch.cu_seqlens]
-    for m0, m1 in zip(bounds, bounds[1:]):
-        r0, r1 = starts[m0], starts[m1]
+    cu, rows = [int(c) for c in batch.cu_seqlens], spec.media_rows
+    for m0, m1 in spec.media_groups(chunk):
+        r0, r1 = rows[m0], rows[m1]
         sub = replace(spec, images=spec.images[r0:r1],
                       num_frames=None if spec.num_frames is None else spec.num_frames[m0:m1], name=f"{spec.name}[{m0}:{m1}]")
         yield replace(batch, spec=sub, patches=batch.patches[:, cu[r0] : cu[r1]], imgs_sizes=batch.imgs_sizes[r0:r1],

@@ -183,7 +183,8 @@ class Implementation:
     def build_model(self, case, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
         from vdpcp.model import VisionModel
 
-        return VisionModel(toy_tower(case)).to(device=device, dtype=dtype)
+        # A real-size tower is drawn on the device it runs on; the toy one on the CPU (its weights as they always were).
+        return VisionModel(toy_tower(case), device if case.tower != "toy" else None).to(device=device, dtype=dtype)
 
     def model_key(self, case):
         """What ``build_model`` reads of the case: cases with equal keys share one model in a rank worker (built

@@ -14,6 +14,7 @@ consecutive frames of a video are encoded together as tubelets.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 from dataclasses import dataclass, fields
@@ -68,6 +69,23 @@ class MicrobatchSpec:
     @functools.cached_property
     def row_patches(self) -> tuple[int, ...]:
         return tuple(gh * gw for gh, gw in self.grids)
+
+    @functools.cached_property
+    def media_rows(self) -> tuple[int, ...]:
+        """The first row of each media item, and the end."""
+        return tuple(itertools.accumulate(self.media_frames, initial=0))
+
+    def media_groups(self, patches: int) -> list[tuple[int, int]]:
+        """Consecutive media items [first, stop) of at most ``patches`` patches each (an item larger alone)."""
+        rows, bounds, size = self.media_rows, [0], 0
+        for m in range(len(self.media_frames)):
+            item = sum(self.row_patches[rows[m] : rows[m + 1]])
+            if size and size + item > patches:
+                bounds.append(m)
+                size = 0
+            size += item
+        bounds.append(len(self.media_frames))
+        return list(zip(bounds, bounds[1:])) if self.media_frames else []
 
     @property
     def num_tubelets(self) -> int:

@@ -7,6 +7,7 @@ TARGETS = {
     "faults": "vdpcp.bench.faults",
     "harness": "vdpcp.bench.harness",
     "memory": "vdpcp.bench.memory",
+    "towers": "vdpcp.bench.towers",
     "wire": "vdpcp.bench.wire",
 }
 

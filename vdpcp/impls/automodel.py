@@ -124,7 +124,8 @@ class Automodel(Implementation):
     def build_model(self, case, dtype, device):
         from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
-        return built(Qwen3VLVisionModel, tower_config(case.spec.patch_dim, case.tower), seed_of(case), dtype, device)
+        return built(Qwen3VLVisionModel, tower_config(case.spec.patch_dim, case.tower), seed_of(case), dtype, device,
+                     case.tower == "toy")
 
     def model_key(self, case):
         return case.tower, case.spec.patch_dim, seed_of(case)

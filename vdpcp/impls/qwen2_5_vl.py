@@ -157,11 +157,12 @@ def tower_config(patch_dim: int, size: str = "toy"):
                                   in_channels=CHANNELS, window_size=window, **dims)
 
 
-def built(cls, config, seed: int, dtype, device):
-    """A transformers model from ``config`` with weights drawn from ``seed`` on the CPU generator (the same on every
-    rank and device), at ``dtype`` on ``device``."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+def built(cls, config, seed: int, dtype, device, toy: bool = True):
+    """A transformers model from ``config`` with weights drawn from ``seed`` (the same on every rank), at ``dtype`` on
+    ``device``: the toy size on the CPU generator, a real size on the device it runs on (vdpcp.model.seeded)."""
+    from vdpcp.model import seeded
+
+    with seeded(seed, None if toy else device):
         # SDPA runs float64 through in float64 (eager's softmax rounds to float32) and bfloat16 on CPU.
         model = cls._from_config(config, attn_implementation="sdpa")
     return model.to(device=device, dtype=dtype)
@@ -235,7 +236,7 @@ class Qwen25VL(Implementation):
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
         return built(Qwen2_5_VisionTransformerPretrainedModel, tower_config(case.spec.patch_dim, case.tower),
-                     seed_of(case), dtype, device)
+                     seed_of(case), dtype, device, case.tower == "toy")
 
     def model_key(self, case):
         return case.tower, case.spec.patch_dim, seed_of(case)

@@ -1,0 +1,108 @@
+"""What a real-size case costs: per case, each rank's time, what it holds and its peak against vdpcp.budget's estimate.
+
+Runs a selection of the matrix (default: every shipped subject at ``--tower real``, CP 2 and 4, bf16) as `vdpcp
+check` does (vdpcp.runner.run_judged) and prints one line per case: its verdict and seconds, whether each rank's
+model was built or reused (vdpcp.model_cache), and per rank what it held (the model, the unsharded arm's gradients
+set aside, the rank-alone ones), its CUDA peak, and the peak vdpcp.budget estimated for it (ratio measured /
+estimated). Then, per implementation and CP size, the median case's seconds, and the selection's wall time: the
+figures a GPU runner's job is sized by (issue: the median CP 2 case within 5 s, the selection within 10 minutes on
+one GPU). Exit 1 if any case did not pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import statistics
+import time
+from pathlib import Path
+
+from vdpcp.cli import DTYPES, IMPL_HELP, RANKS, TOWER_HELP, add_budget_option, add_run_options, checked_impls, checked_tower
+
+SHIPPED = ("reference", "mcore", "qwen2_5_vl", "automodel", "automodel-shipped")
+GiB = 2**30
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--impl", nargs="+", default=list(SHIPPED), metavar="IMPL",
+                        help=f"implementations (default: every shipped subject): {IMPL_HELP}")
+    parser.add_argument("--cp", type=RANKS, nargs="+", default=[2, 4], metavar="N", help="CP sizes (default 2 4)")
+    parser.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="dtype of every case (default bfloat16)")
+    parser.add_argument("--tower", default="real", metavar="SIZE", help=TOWER_HELP + " (default here: real)")
+    parser.add_argument("-k", "--match", metavar="TEXT", help="only cases whose id contains TEXT")
+    add_run_options(parser)
+    add_budget_option(parser)
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write every case's figures as JSON")
+
+
+def run(args) -> int:
+    from vdpcp import budget, scenarios
+    from vdpcp.harness.config import configure, planned_backend
+    from vdpcp.runner import preload_case_modules, run_judged
+
+    impls = checked_impls(args.impl)
+    tower = checked_tower(args.tower, impls)
+    cases = scenarios.matrix(tuple(args.cp), impls=impls, tower=tower)
+    cases = [c.with_(dtype=args.dtype) for c in cases if not args.match or args.match in c.id]
+    cases, _ = scenarios.confirm_once(cases, lambda case: planned_backend(args.backend, case.world_size))
+    if args.backend is not None:
+        configure(backend=args.backend)  # for this call only: vdpcp.cli.main scopes it
+    preload_case_modules(impls)
+    rows, started = [], time.monotonic()
+    for case in cases:
+        begun = time.monotonic()
+        with contextlib.redirect_stdout(io.StringIO()):
+            judged = run_judged(case, timeout=args.timeout)
+        seconds = time.monotonic() - begun
+        need = budget.need(case, device=budget.device_for(args.backend, case.world_size))
+        row = record(case, judged, seconds, need)
+        rows.append(row)
+        print(line(row), flush=True)
+    wall = time.monotonic() - started
+    for text in summary(rows, wall):
+        print(text)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"cases": rows, "wall_s": round(wall, 1)}, indent=1) + "\n")
+    return 0 if all(r["passing"] for r in rows) else 1
+
+
+def record(case, judged, seconds: float, need) -> dict:
+    """One case's figures: verdict, time, and per rank what it held, its peak and the budget's estimate."""
+    ranks = []
+    for r in judged.result.ranks:
+        estimate = need.ranks[r.cp_rank] if r.cp_rank < len(need.ranks) else 0
+        peak = r.memory.get("peak")
+        ranks.append({"rank": r.rank, "model": r.model, "turns": r.turns, "seconds": r.seconds, "held": r.memory,
+                      "estimate": estimate, "ratio": round(peak / estimate, 3) if peak and estimate else None})
+    return {"id": case.id, "impl": case.impl, "cp": case.cp, "world": case.world_size, "verdict": judged.verdict,
+            "why": judged.why, "passing": judged.passing, "seconds": round(seconds, 2), "ranks": ranks}
+
+
+def line(row: dict) -> str:
+    """The case, its verdict and time, and each rank's model, peak / estimate."""
+    ranks = " ".join(f"r{r['rank']}:{r['model'][:1] or '-'}{'t' if r['turns'] else ''} "
+                     f"{_gib(r['held'].get('peak'))}/{_gib(r['estimate'])}" for r in row["ranks"])
+    why = f"  {row['why'][:120]}" if row["why"] and not row["passing"] else ""
+    return f"{row['id']}  {row['verdict']}  {row['seconds']:.2f} s  {ranks}{why}"
+
+
+def summary(rows: list[dict], wall: float) -> list[str]:
+    """Per implementation and CP size the median case's seconds; the measured peaks against the estimates; the wall."""
+    out = []
+    for impl in dict.fromkeys(r["impl"] for r in rows):
+        for cp in sorted({r["cp"] for r in rows if r["impl"] == impl}):
+            times = [r["seconds"] for r in rows if r["impl"] == impl and r["cp"] == cp and r["world"] == cp]
+            if times:
+                out.append(f"{impl} CP {cp}: median case {statistics.median(times):.2f} s over {len(times)} cases")
+        ratios = [rk["ratio"] for r in rows if r["impl"] == impl for rk in r["ranks"] if rk["ratio"]]
+        if ratios:
+            out.append(f"{impl}: each rank's CUDA peak / the budget's estimate {min(ratios):.2f} to {max(ratios):.2f}")
+    passing = sum(r["passing"] for r in rows)
+    out.append(f"{len(rows)} cases, {passing} passing, in {wall:.1f} s wall")
+    return out
+
+
+def _gib(n) -> str:
+    return "-" if not n else f"{n / GiB:.1f}G"
