@@ -80,11 +80,12 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
     clock.lap("build")
     try:
         with _turns(ctx, case, result):
-            unsharded = _unsharded(impl, case, model, replica_spec(case, groups.dp_rank), result, groups.cp_rank, device)
-        clock.lap("unsharded")
+            unsharded = _unsharded(impl, case, model, replica_spec(case, groups.dp_rank), result, groups.cp_rank, device,
+                                   clock)
+        memory.phase("unsharded peak")
         if unsharded is not None:
-            _sharded(impl, case, model, unsharded, result, groups)
-            clock.lap("sharded")
+            _sharded(impl, case, model, unsharded, result, groups, clock)
+            memory.phase("sharded peak")
     finally:
         problem = model_cache.release(model)
     if problem:
@@ -105,7 +106,7 @@ def _turns(ctx, case: Case, result: RankResult):
     return turn(ctx.device)
 
 
-def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, device) -> Unsharded | None:
+def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, device, clock) -> Unsharded | None:
     """The unsharded arm, forward and backward, then its gradients set aside and its rounding measured.
 
     If the unsharded encoder raises, every rank raises alike before any collective (no rank hangs) and the case
@@ -141,14 +142,16 @@ def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, 
     for p in params:
         p.grad = None  # set aside: the sharded arm's gradients accumulate afresh on the same weights
     rounding = precision.Rounding()
+    clock.lap("unsharded")
     if precision.low(dtype):
         rounding = precision.measure(impl, model, batch, out, grads, own_grads, summed,
                                      own_weights if own_grads is not None else None, case.grads)
+        clock.lap("exact")
     return Unsharded(batch, {n: t.detach() for n, t in out.items()}, grads, own_grads, ran.ran(), ran.untracked,
                      plan, weights, sharded, rounding)
 
 
-def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups) -> None:
+def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups, clock) -> None:
     """The sharded arm on the same weights, and every check against the unsharded one."""
     dtype, config, cp_rank = DTYPES[case.dtype], case.config, groups.cp_rank
     subject = impl.subject_model(model, case, dtype, ref.batch.patches.device)
@@ -184,6 +187,7 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
         return  # every rank gathered the same shapes, so every rank stops here: no collective hangs
 
     rank_loss(out, ref.weights, cp_rank).backward()
+    clock.lap("sharded")
     grad, ref_grad = _grad(batch.patches), _grad(ref.batch.patches)
     owned = config.shard_vision and not replicated_run  # the same on every rank: read is every rank's table
     held = [held_part(g, p, groups.tp_rank, case.tp) if g is not None else None
@@ -198,6 +202,7 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
     if rank_alone and replicated_run == (not ref.sharded):
         own = [held_part(g, p, groups.tp_rank, case.tp) for p, g in zip(subject.parameters(), ref.own_grads)]
         _check_rank_alone(result, subject, own, dtype, ref.rounding.own_params)
+    clock.lap("gradients")
 
 
 def _fail(result: RankResult, why: str | None) -> None:
@@ -574,7 +579,8 @@ def _param_grads(model, loss: torch.Tensor) -> list[torch.Tensor]:
 
 
 class Clock:
-    """Seconds per phase of a case on this rank (build, unsharded, sharded), into ``result.seconds``."""
+    """Seconds per phase of a case on this rank (build, unsharded, exact, sharded, gradients: their sums over ranks
+    and comparison), into ``result.seconds``."""
 
     def __init__(self, result: RankResult):
         self.result, self.last = result, time.perf_counter()
@@ -589,17 +595,25 @@ class Memory:
     """On CUDA, this rank's peak allocated bytes over the case and what it held (vdpcp bench towers prints it)."""
 
     def __init__(self, device: torch.device):
-        self.device = device
+        self.device, self.peaks = device, {}
         if device.type == "cuda":
+            torch.cuda.init()  # a worker's first case: resetting the allocator's statistics needs CUDA up
             torch.cuda.reset_peak_memory_stats(device)
+
+    def phase(self, name: str) -> None:
+        """The peak since the last phase, as ``name``; the next phase's counted from now."""
+        if self.device.type == "cuda":
+            self.peaks[name] = torch.cuda.max_memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
 
     def figures(self, model, unsharded: Unsharded | None) -> dict[str, int]:
         held = {"model": _bytes(model.parameters()) + _bytes(model.buffers())}
         if unsharded is not None:
             held["unsharded grads"] = _bytes(unsharded.grads)
             held["rank-alone grads"] = _bytes(unsharded.own_grads or [])
-        if self.device.type == "cuda":
-            held["peak"] = torch.cuda.max_memory_allocated(self.device)
+        if self.peaks:
+            held.update(self.peaks)
+            held["peak"] = max(self.peaks.values())
         return held
 
 

@@ -59,13 +59,19 @@ def run(args) -> int:
         row = record(case, judged, seconds, need)
         rows.append(row)
         print(line(row), flush=True)
+        if args.json:  # after every case: a job killed at its time limit leaves what it finished
+            write(args.json, rows, time.monotonic() - started)
     wall = time.monotonic() - started
     for text in summary(rows, wall):
         print(text)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"cases": rows, "wall_s": round(wall, 1)}, indent=1) + "\n")
+        write(args.json, rows, wall)
     return 0 if all(r["passing"] for r in rows) else 1
+
+
+def write(path: Path, rows: list[dict], wall: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"cases": rows, "wall_s": round(wall, 1)}, indent=1) + "\n")
 
 
 def record(case, judged, seconds: float, need) -> dict:
@@ -76,16 +82,20 @@ def record(case, judged, seconds: float, need) -> dict:
         peak = r.memory.get("peak")
         ranks.append({"rank": r.rank, "model": r.model, "turns": r.turns, "seconds": r.seconds, "held": r.memory,
                       "estimate": estimate, "ratio": round(peak / estimate, 3) if peak and estimate else None})
+    failures = [f.splitlines()[0][:300] for f in judged.result.failures[:2]]
     return {"id": case.id, "impl": case.impl, "cp": case.cp, "world": case.world_size, "verdict": judged.verdict,
-            "why": judged.why, "passing": judged.passing, "seconds": round(seconds, 2), "ranks": ranks}
+            "why": judged.why or (failures[0] if failures else ""), "failures": failures, "passing": judged.passing,
+            "seconds": round(seconds, 2), "ranks": ranks}
 
 
 def line(row: dict) -> str:
     """The case, its verdict and time, and each rank's model, peak / estimate."""
     ranks = " ".join(f"r{r['rank']}:{r['model'][:1] or '-'}{'t' if r['turns'] else ''} "
                      f"{_gib(r['held'].get('peak'))}/{_gib(r['estimate'])}" for r in row["ranks"])
-    why = f"  {row['why'][:120]}" if row["why"] and not row["passing"] else ""
-    return f"{row['id']}  {row['verdict']}  {row['seconds']:.2f} s  {ranks}{why}"
+    why = f"  {row['why'][:200]}" if row["why"] and not row["passing"] else ""
+    phases = row["ranks"][0]["seconds"] if row["ranks"] else {}
+    spent = " ".join(f"{name} {s:.2f}" for name, s in phases.items())
+    return f"{row['id']}  {row['verdict']}  {row['seconds']:.2f} s  [{spent}]  {ranks}{why}"
 
 
 def summary(rows: list[dict], wall: float) -> list[str]:
