@@ -201,10 +201,12 @@ class Need:
 
 EXACT = {"bfloat16": "float32", "float32": "float64"}  # vdpcp.precision's exact run, by the case's dtype
 EXACT_CHUNK = 4096  # patches of whole media items per call of the exact run (vdpcp.precision.measure)
-# Besides its weights, a rank holds three sets of gradients through a case: the unsharded arm's, set aside; its own
-# share of them (the rank-alone expectation); the sharded arm's own. Its exact run holds a copy, its gradients and
-# its own-share gradients.
-GRAD_SETS, EXACT_COPIES = 3, 3
+# How many copies of the tower's gradients a rank holds: the unsharded arm's, set aside, and the sharded arm's; its
+# own share of the unsharded ones too where it has one (a stated plan, or sharding off: its own loss's), and the
+# exact run the same over its own copy of the model.
+# float64 attention takes the math kernel on CUDA (no fused one takes float64): it keeps about this many n x n
+# score tensors a head and layer for backward (measured: Qwen3-VL-8B's tower, one 3072-patch image, 63 GB a rank).
+SCORES_KEPT = 1.0
 
 
 def need(case, patch_bytes: int | None = None, device: str = "cpu") -> Need:
@@ -214,27 +216,55 @@ def need(case, patch_bytes: int | None = None, device: str = "cpu") -> Need:
     units = _units(spec)
     patches = sum(spec.row_patches)
     params = _params(case)
+    attention = _declared(case, "full_attention")
 
     def arm(shard, dtype: str = case.dtype) -> int:
         per_patch = patch_bytes if patch_bytes is not None else declared_patch_bytes(case.with_(dtype=dtype))
-        if per_patch is not None:
-            return sum(rows * p for rows, p, _ in shard) * per_patch
-        return toy_arm_bytes(case.with_(dtype=dtype), shard, device)
+        body = sum(rows * p for rows, p, _ in shard) * per_patch if per_patch is not None else \
+            toy_arm_bytes(case.with_(dtype=dtype), shard, device)
+        if dtype == "float64" and device == "cuda" and attention:
+            layers, heads = attention
+            body += int(SCORES_KEPT * layers * heads * sum(p * p for _, p, _ in shard) * DTYPE_BYTES[dtype])
+        return body
 
+    own = int(not case.config.shard_vision or _plans(case)) if case.grads else 0
+    grads = params * d if case.grads else 0  # an outputs-only case takes no backward
+    copies = (2 + own) if case.grads else 1  # the exact run's model, its gradients and its own share's
     unsharded = arm(units)
     exact = EXACT.get(case.dtype)
     chunks = [_units(spec, group) for group in spec.media_groups(EXACT_CHUNK)] or [units]
-    exact_arm = max(arm(chunk, exact) for chunk in chunks) + EXACT_COPIES * params * DTYPE_BYTES[exact] if exact else 0
-    turn = max(unsharded, exact_arm)
+    exact_arm = (max(arm(chunk, exact) for chunk in chunks) + copies * params * DTYPE_BYTES[exact]) if exact else 0
+    turn = (1 + own) * grads + max(unsharded, exact_arm)  # on top of the base, while the unsharded arm runs
     inputs = 2 * patches * CHANNELS * spec.patch_dim**2 * INPUT_COPIES * d  # both arms' microbatch and its gradients
     weights = case.cp * _tokens(units) * _lm_hidden(case) * d  # W_r of every CP rank, on every rank
-    fixed = (1 + GRAD_SETS) * params * d + inputs + weights
-    shards = _count_shards(units, case.cp) if case.config.shard_vision else [units] * case.cp
-    resident = tuple(fixed + arm(shard) for shard in shards)
+    base = params * d + inputs + weights
+    shards = _count_shards(units, case.cp) if case.config.shard_vision and not _replicates(case) else [units] * case.cp
+    sharded = [(2 + own) * grads + arm(shard) for shard in shards]  # on top of the base, in the sharded arm
+    resident = tuple(base + s for s in sharded)
     arms = 2 + (exact is not None)
     flops = 6.0 * params * patches * arms * case.cp * case.dp * case.tp
-    return Need(patches, unsharded, tuple(r + turn for r in resident), case.dp * case.tp, case.dtype, resident,
-                (turn,) * case.cp, flops)
+    return Need(patches, unsharded, tuple(base + max(turn, s) for s in sharded), case.dp * case.tp, case.dtype,
+                resident, tuple(max(turn - s, 0) for s in sharded), flops)
+
+
+def _replicates(case) -> bool:
+    """Whether the implementation's fallback policy encodes the case's microbatch whole on every rank."""
+    from vdpcp.impls import ImplError, resolve
+
+    try:
+        return resolve(case.impl).replicated(case.spec, case.config) is not None
+    except ImplError:
+        return False
+
+
+def _plans(case) -> bool:
+    """Whether the implementation states a plan for the case (then each rank holds its own share's gradients)."""
+    from vdpcp.impls import ImplError, resolve
+
+    try:
+        return resolve(case.impl).plan(case.spec, case.config) is not None
+    except ImplError:
+        return False
 
 
 def device_for(backend: str | None, world_size: int) -> str:

@@ -82,16 +82,25 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
         with _turns(ctx, case, result):
             unsharded = _unsharded(impl, case, model, replica_spec(case, groups.dp_rank), result, groups.cp_rank, device,
                                    clock)
+            _give_back(ctx)
         memory.phase("unsharded peak")
         if unsharded is not None:
             _sharded(impl, case, model, unsharded, result, groups, clock)
             memory.phase("sharded peak")
     finally:
         problem = model_cache.release(model)
+        _give_back(ctx)
     if problem:
         result.failures.append(problem)
     result.memory = memory.figures(model, unsharded)
     return result
+
+
+def _give_back(ctx) -> None:
+    """On a GPU other ranks share, hand the memory this rank's allocator cached back to them: its turn's peak would
+    otherwise stay reserved in this process while the next rank takes its turn."""
+    if getattr(ctx, "shares_device", False):
+        torch.cuda.empty_cache()
 
 
 def _turns(ctx, case: Case, result: RankResult):
@@ -123,6 +132,8 @@ def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, 
         except Exception as err:
             result.unsharded_error = f"{type(err).__name__}: {err}"
             return None
+    if not case.grads:  # no backward: let its graph (every activation of the arm) go now
+        out = {name: t.detach() for name, t in out.items()}
     # What the case expects: sharded, or encoded whole on every rank (CP=1, the opt-out, or the implementation's
     # own fallback policy below some size).
     result.replicated = impl.replicated(spec, config) if config.shard_vision else None

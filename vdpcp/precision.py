@@ -116,7 +116,7 @@ def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weig
     params = list(exact.parameters())
     patches = batch.patches.detach().to(hp).requires_grad_(grads)
     parts, own_exact, start = [], [None] * len(params), 0
-    with highest_precision():
+    with highest_precision(), torch.set_grad_enabled(grads):  # outputs only: no graph to keep
         for sub in media_chunks(replace(batch, patches=patches), chunk or EXACT_CHUNK):
             out = outputs_of(impl.encode(exact, impl.inputs(sub)), f"{impl.name}.encode")
             rows = next(iter(out.values())).shape[0]

@@ -222,6 +222,14 @@ class Implementation:
     def param_count(self, case) -> int | None:
         return None  # vdpcp.budget counts the toy tower's; another tower's is unknown until declared
 
+    def full_attention(self, case) -> tuple[int, int] | None:
+        """(layers that attend over a whole image, their heads): where no fused kernel takes the dtype (float64 on
+        CUDA), their n x n scores are most of an arm's memory (vdpcp.budget). The toy tower's; None: unknown."""
+        if not builds_toy_tower(self):
+            return None
+        tower = toy_tower(case)
+        return tower.layers, tower.heads
+
     def __repr__(self) -> str:
         return f"<vdpcp implementation {self.name!r}>"
 
@@ -261,7 +269,8 @@ def toy_tower(case):
 
 REQUIRED = ("name", "encode", "encode_sharded")
 PROTOCOL = REQUIRED + ("build_model", "model_key", "subject_model", "inputs", "plan", "replicated", "known_limit", "splits",
-                       "media", "towers", "scenarios", "preload", "tensor_parallel", "patch_bytes", "param_count")
+                       "media", "towers", "scenarios", "preload", "tensor_parallel", "patch_bytes", "param_count",
+                       "full_attention")
 
 
 class OutputsError(TypeError):

@@ -110,8 +110,9 @@ REAL_SCENARIOS: tuple[Scenario, ...] = (
              zigzag=True, layouts=True),
     Scenario("multi-image", _real("multi-image", [[1344, 448], [448, 448], [448, 672], [336, 448]], seed=6), REAL_CPS),
     Scenario("multi-image", _real("mixed-sizes", [[462, 658], [224, 896], [896, 224], [434, 434]], seed=7), REAL_CPS),
-    Scenario("tubelets", _real("video-and-images", [[448, 448]] + _video([336, 448], 5) + [[448, 672]],
-                               frames=[1, 5, 1], T=2, seed=14), REAL_CPS),
+    # A ragged video, then a short one: an even split of the frames lands inside a tubelet at CP 2 and 4.
+    Scenario("tubelets", _real("video-and-images", [[448, 448]] + _video([336, 448], 5) + _video([336, 448], 2),
+                               frames=[1, 5, 2], T=2, seed=14), REAL_CPS),
 )
 TOWER_TABLES = {"toy": SCENARIOS, "real": REAL_SCENARIOS}
 # The real-size row that plays each toy row's part where the real table has no row of that name (a mutant's kill

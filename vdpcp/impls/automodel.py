@@ -130,6 +130,10 @@ class Automodel(Implementation):
     def model_key(self, case):
         return case.tower, case.spec.patch_dim, seed_of(case)
 
+    def full_attention(self, case) -> tuple[int, int]:
+        dims = SIZES[case.tower]  # every block attends over the whole frame
+        return dims["depth"], dims["num_heads"]
+
     def param_count(self, case) -> int:
         from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 

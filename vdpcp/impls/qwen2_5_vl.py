@@ -241,6 +241,10 @@ class Qwen25VL(Implementation):
     def model_key(self, case):
         return case.tower, case.spec.patch_dim, seed_of(case)
 
+    def full_attention(self, case) -> tuple[int, int]:
+        dims = SIZES[case.tower]  # the other blocks attend within windows of 8 x 8 patches at most
+        return len(dims["fullatt_block_indexes"]), dims["num_heads"]
+
     def param_count(self, case) -> int:
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
