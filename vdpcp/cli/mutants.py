@@ -92,7 +92,8 @@ def main(args) -> int:
                     more.tried = found.tried + more.tried
                     found = more
             rows.append(report.MutantRow(found, MUTANTS[name].bug, time.monotonic() - started))
-            outcome = f"killed by {found.killed_by}" if found.killed else "SURVIVED"
+            outcome = (f"killed by {found.killed_by}" if found.killed
+                       else "does not apply" if found.not_applicable else "SURVIVED")
             if run.finish(None, found.killed, f"{name}  {outcome} ({len(found.tried)} case(s), {rows[-1].seconds:.2f} s)"):
                 break
 
