@@ -35,18 +35,21 @@ def test_the_toy_towers_parameters_are_counted_as_the_model_has_them(fields, tow
     assert budget.toy_params(case) == sum(p.numel() for p in model.parameters())
 
 
-def test_every_rank_holds_the_unsharded_arm_and_its_own_shard():
-    # 5 equal images at CP 2: rank 0 encodes 2, rank 1 the remainder, 3, so it holds the most.
+def test_every_rank_holds_the_unsharded_arm_in_its_turn_and_its_own_shard_through_the_case():
+    # 5 equal images at CP 2: rank 0 encodes 2, rank 1 the remainder, 3, so its sharded arm holds the most; each
+    # rank's peak is its turn (the whole unsharded arm) on top of what it holds throughout.
     case = Case(spec([[16, 16]] * 5), 2)
     need = budget.need(case)
     assert need.patches == 80 and need.world == 2 and need.replicas == 1
-    assert need.ranks[1] > need.ranks[0] > need.unsharded
-    assert need.per_rank == need.ranks[1] and need.total == sum(need.ranks)
-    # unsharded (CP=1 or the opt-out): both arms are the whole microbatch
+    assert need.resident[1] > need.resident[0] and min(need.ranks) > need.unsharded
+    assert need.per_rank == max(need.ranks) and need.total == sum(need.ranks)
+    # ranks that take turns on one device hold one turn at a time, not every one at once
+    assert need.colocated(turns=True) < need.colocated(turns=False) == need.total
+    # unsharded (CP=1 or the opt-out): the sharded arm is the whole microbatch too
     alone = budget.need(case.with_(cp=1))
-    assert alone.world == 1 and alone.ranks[0] >= 2 * alone.unsharded
+    assert alone.world == 1 and alone.resident[0] >= alone.unsharded and alone.ranks[0] >= alone.unsharded
     opt_out = budget.need(case.with_(vision_dp_over_cp=False))
-    assert opt_out.ranks[0] == opt_out.ranks[1] > need.ranks[1]
+    assert opt_out.resident[0] == opt_out.resident[1] > need.resident[1]
 
 
 def test_dp_replicas_and_tp_ranks_each_hold_as_much():

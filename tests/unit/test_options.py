@@ -62,6 +62,9 @@ REFUSED = [
     (["bench", "memory"], "--reps", "0", ">= 1"),
     (["bench", "wire"], "--seed", "-1", ">= 0 and <= 4294967295"),
     (["bench", "wire"], "--cp", "0", ">= 1"),
+    (["bench", "towers"], "--cp", "0", ">= 1"),
+    (["bench", "towers"], "--timeout", "0", "> 0"),
+    (["bench", "towers"], "--max-case-tflop", "-1", "> 0"),
 ]
 PYTEST_REFUSED = [("--vdpcp-timeout", "0", "> 0"), ("--vdpcp-cp", "0", ">= 1"), ("--replay-cp", "0", ">= 1"),
                   ("--vdpcp-max-case-tflop", "0", "> 0")]
