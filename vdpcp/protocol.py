@@ -7,9 +7,11 @@ An implementation is an object (subclass ``Implementation``, or any object with 
 ``encode_sharded``) that says:
 
 - which model is under test: ``build_model(case, dtype, device)`` returns the vision tower + projector for a
-  case's microbatch. The SAME model (two instances with equal weights) runs unsharded as the reference and
-  sharded as the subject, so vdpcp's own toy tower is only the default (which keeps the learned positions that
-  case's microbatch needs, so it encodes that microbatch and any of its grid sizes or smaller);
+  case's microbatch, at the case's tower size (``case.tower``: "toy" for CPU CI, "real" for the published size it
+  stands for, or a size of its own, as ``towers`` lists them). The SAME model runs unsharded as the reference and
+  sharded as the subject (by default the very same instance, its unsharded gradients set aside in between), so
+  vdpcp's own toy tower is only the default (at the toy size it keeps the learned positions that case's
+  microbatch needs; at the real size it is ViT-L/16, one model for every microbatch);
 - how vdpcp's microbatch (``vdpcp.spec.Microbatch``: ``patches`` [1, total patches, 3*P*P], ``imgs_sizes``,
   ``cu_seqlens``, and its ``spec``) becomes that model's input: ``inputs(batch)``, differentiably (the input
   gradients vdpcp checks are those of ``batch.patches``, and what each rank's tower really read is found
@@ -28,9 +30,13 @@ row for row and in its gradients, by name (``outputs_of``).
 
 Optional parts:
 
+- ``towers``: the sizes its tower comes in, each with the ``MediaAxes`` its tower takes at that size (default: the
+  toy size alone, ``media``); ``model_key(case)``: what ``build_model`` reads of the case, so that a rank worker
+  builds one model per key and reuses it for every case after (vdpcp.model_cache: gradients reset, weights proven
+  unchanged); None, the default for a ``build_model`` of your own, builds one per case;
 - ``subject_model(reference, case, dtype, device)``: the model the sharded encode runs, with the weights of
-  ``reference`` (the unsharded model ``build_model`` returned). The default is a second ``build_model`` loaded
-  with the reference's state. A tower that is parallel inside (``tensor_parallel``) is split here, from the
+  ``reference`` (the unsharded model ``build_model`` returned). The default is ``reference`` itself. A tower
+  that is parallel inside (``tensor_parallel``) is split here, from a copy of the
   plain reference, so the reference stays the plain tower and a tensor-parallel bug cannot cancel on both
   sides; a parameter that holds a part of the plain one marks it as MCore does (``tensor_model_parallel``,
   ``partition_dim``: the TP rank's chunk along that dimension), and its gradient is held to that part of the
@@ -50,7 +56,9 @@ Optional parts:
   ``vdpcp.layout.groups(...).tp``), for the CP x TP layout cases; ``patch_bytes(case)``: the bytes one patch of
   the microbatch costs one arm of its encoder (its inputs, activations kept for backward and gradients, at
   ``case.dtype``), where vdpcp's estimate for its toy tower (vdpcp.budget) is wrong for its own tower: cases are
-  sized with it before anything is built, and refused over the limit.
+  sized with it before anything is built, and refused over the limit; ``param_count(case)``: its parameters (for
+  the same sizing: a rank holds the model and up to three sets of its gradients); ``full_attention(case)``:
+  (layers that attend over a whole image, heads), for the n x n scores a float64 run keeps on a GPU.
 
 Nothing else in vdpcp branches on an implementation's name.
 """

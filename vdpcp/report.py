@@ -2,7 +2,7 @@
 
 A check row is one case's judged result (vdpcp.expectations.judge): pass, replicated (encoded whole on every rank,
 as the implementation's fallback policy says), fail, plan-mismatch, not-sharded, error, xfail (a known upstream
-limit failed the known way) or xpass (a strict xfail passed). A mutant row is one vdpcp.mutants.Hunt. Both become
+limit failed the known way) or xpass (a strict xfail passed). A mutant row is one vdpcp.hunt.Hunt. Both become
 the same JUnit shape: pass and replicated pass, xfail (and a mutant that does not apply) is a skipped test with its
 reason, error an error, anything else a failure whose message starts with its verdict (a property says it too).
 """
@@ -46,7 +46,7 @@ class CheckRow:
 
 @dataclass
 class MutantRow:
-    hunt: object  # vdpcp.mutants.Hunt
+    hunt: object  # vdpcp.hunt.Hunt
     bug: str
     seconds: float
 

@@ -135,7 +135,7 @@ def preload_case_modules(impls=(), extra=()) -> None:
     """Have the rank zygote preload case_preload(impls) and ``extra``, unless a preload is configured already. On GPUs too:
     measured on the H200, with torch's NVML-based CUDA check (which the zygote sets) the only thread those imports
     leave is the CUDA driver's, and workers forked after it use CUDA, gloo and NCCL; the zygote proves that at each
-    start. A faulted case then costs +0.5 s there, not 8-14 s of re-imports (reports/h200/issue20/README.md).
+    start. A faulted case then costs +0.5 s there, not 8-14 s of re-imports (reports/gpu/README.md).
     Callers scope it (harness.config.configured)."""
     if harness_config.default_preload():
         return

@@ -54,7 +54,7 @@ class Zygote:
         if config.cuda_device_count() > 0:
             # Where CUDA is visible, torch's NVML-based device count (torch.utils.cpp_extension, megatron-core, at
             # import) leaves the CUDA driver's own thread behind (named cuda000018...). Measured on the H200
-            # (reports/h200/issue20/README.md): children forked after it run CUDA tensor ops, gloo with CUDA
+            # (reports/gpu/README.md): children forked after it run CUDA tensor ops, gloo with CUDA
             # tensors and NCCL. So it is tolerated there, and the zygote proves each start's forks usable (--cuda).
             tolerate_threads = tuple(dict.fromkeys((*tolerate_threads, CUDA_DRIVER_THREAD)))
             argv.append("--cuda")
