@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Mutation testing of vdpcp's CHECKERS with cosmic-ray: the oracle, the judge of expectations, the A/B judge,
-# saved cases, implementation resolution, the parallel layout and the TP reference, each against the tests that
-# reach it. Prints each module's score, the survivors (with their diffs) and the time; exits 1 when the score
+# Mutation testing of vdpcp's CHECKERS with cosmic-ray: the oracle (its checks, the precision model, the model
+# cache), the runner, the judge of expectations, the fuzzer, the A/B judge, saved cases, implementation resolution,
+# the parallel layout and the TP reference, each against the tests that reach it. Prints each module's score, the survivors (with their diffs) and the time; exits 1 when the score
 # over non-equivalent mutants is below the target.
 #
-#   scripts/mutation.sh                    # every module below, 2 workers (about an hour here: see the notes)
+#   scripts/mutation.sh                    # every module below, 2 workers (hours here: see docs/mutation.md)
 #   scripts/mutation.sh oracle layout      # some of them
 #   MUTATION_WORKERS=1 MUTATION_DIR=/tmp/m scripts/mutation.sh
 #   MUTATION_FROM=/tmp/m MUTATION_DIR=/tmp/m2 scripts/mutation.sh saved   # re-run only /tmp/m's survivors
@@ -23,13 +23,13 @@
 # Operators: cosmic-ray's core set, less those that only multiply runs: binary operators are replaced by their
 # inverse only (+ -, * /, // /, % //, ** *, | &), comparisons by their boundary and negation (< <=, < >=, == !=,
 # is is-not, in not-in), unary operators removed or negated, and VariableReplacer/Inserter (random values) left
-# out. 548 mutants. Lines marked "# pragma: no mutate" are skipped (none are, today).
+# out. 1,332 mutants over the thirteen modules. Lines marked "# pragma: no mutate" are skipped (none are, today).
 #
 # Surviving mutants are argued equivalent, or killed by a test, in docs/mutation.md; the ones argued equivalent
 # are listed in scripts/mutation-equivalent.txt as "module|operator|source line" (the line as written, stripped),
 # so that the figure survives the code moving and a re-run after a merge names only the new survivors.
 #
-# Not part of the default CI run (it is a measurement, about an hour on this project's 2-core machine).
+# Not part of the default CI run (it is a measurement, hours on this project's 2-core machine).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 workers=${MUTATION_WORKERS:-2}
@@ -53,7 +53,23 @@ tests[oracle]="tests/unit/test_oracle_weights.py tests/distributed/test_oracle_f
   tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case
   tests/mutants/test_mutants.py::test_a_bug_on_one_non_zero_rank_fails_and_the_report_names_it
   tests/distributed/test_execution.py tests/distributed/test_low_precision.py
-  tests/unit/test_duck_parts.py::test_a_duck_whose_stated_plan_is_not_what_ran_is_a_plan_mismatch tests/oracle"
+  tests/unit/test_duck_parts.py::test_a_duck_whose_stated_plan_is_not_what_ran_is_a_plan_mismatch tests/oracle
+  tests/unit/test_model_cache.py::test_a_rank_reuses_its_model_in_the_next_case_and_a_case_that_changes_it_fails"
+module[precision]=vdpcp/precision.py
+tests[precision]="tests/unit/test_precision.py tests/oracle/test_rounding.py tests/oracle/test_precision_model.py
+  tests/distributed/test_low_precision.py"
+module[model_cache]=vdpcp/model_cache.py
+tests[model_cache]="tests/unit/test_model_cache.py"
+module[runner]=vdpcp/runner.py
+tests[runner]="tests/unit/test_verdicts.py tests/unit/test_judge.py tests/unit/test_report.py
+  tests/bounds/test_entry_points.py::test_run_case_refuses_too_for_callers_of_the_library
+  tests/unit/test_duck_parts.py::test_rank_workers_preload_a_ducks_modules tests/distributed/test_oracle_figures.py
+  tests/distributed/test_matrix.py::test_case[three-images-cp4-reference-count]
+  tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case[loss-replicated]"
+module[fuzz]=vdpcp/fuzz.py
+tests[fuzz]="tests/fuzz/test_shrink.py tests/fuzz/test_fuzz.py tests/fuzz/test_regressions.py
+  tests/unit/test_verdicts.py::test_fuzz_finds_a_failure_in_a_verdict_as_the_table_says
+  tests/bounds/test_entry_points.py::test_fuzz_never_draws_over_the_limit"
 module[expectations]=vdpcp/expectations.py
 tests[expectations]="tests/unit/test_judge.py tests/distributed/test_scenarios.py"
 module[ab_judge]=vdpcp/ab/judge.py
@@ -77,7 +93,7 @@ tests[tensor_parallel]="$tp_tests
 module[reference]=vdpcp/impls/reference.py
 tests[reference]="$tp_tests
   tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case[gather-before-project]"
-ALL="expectations ab_judge saved capture impls layout reference tensor_parallel oracle"  # the order they run in
+ALL="expectations runner model_cache ab_judge saved capture impls layout reference tensor_parallel fuzz precision oracle"  # the order they run in
 
 names=${*:-$ALL}
 for name in $names; do
