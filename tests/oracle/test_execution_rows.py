@@ -2,11 +2,12 @@
 mutation run of vdpcp/oracle.py (docs/mutation.md), each pinned by the behaviour it changed.
 
 - A layer's rows are its input's leading elements over one row's, whatever the rank of its input: a tower whose
-  first layer takes [batch, tokens, hidden] reads tokens, not hidden units; a 0-d input is no rows.
+  first layer takes [batch, tokens, hidden] reads tokens, not hidden units; a 0-d or zero-width input is no rows.
 - A layer called on zero rows did not run; only modules that hold parameters themselves are layers, not the
-  containers around them.
+  containers around them; a closed Execution leaves no hook on the (cached, reused) model.
 - The ownership table is said once, by CP rank 0; a failure lists a fixed number of rows, layers or parameters
-  and says there are more.
+  and says there are more only when there are.
+- A plan may list placeholders for fewer ranks than the CP group: the others have none.
 """
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 from vdpcp import comm, oracle
 from vdpcp.case import RankResult
 from vdpcp.harness import run_ranks
+from vdpcp.impls import Ownership
 from vdpcp.spec import MicrobatchSpec
 
 HIDDEN = 6
@@ -94,3 +96,43 @@ def test_the_ownership_table_is_said_once_by_cp_rank_0_and_lists_four_rows():
 def test_a_long_list_in_a_message_names_four_and_counts_the_rest():
     assert oracle._few([str(i) for i in range(6)]) == "0; 1; 2; 3 (and 2 more)"
     assert oracle._few(["a", "b", "c", "d"]) == "a; b; c; d"
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
+def test_a_layer_fed_a_zero_width_input_saw_no_rows():
+    assert oracle.input_rows(torch.nn.Linear(0, 3), torch.zeros(5, 0)) == 0
+
+
+def test_an_execution_leaves_no_hook_on_the_model_once_closed():
+    tower = Tower()  # a cached model is borrowed by case after case: each case's hooks must go with it
+    with oracle.Execution(tower) as ran:
+        tower.block(torch.zeros(2, HIDDEN))
+    assert not any(m._forward_pre_hooks for m in tower.modules())
+    tower.block(torch.zeros(3, HIDDEN))
+    assert ran.rows == 2
+
+
+def _ownership_of(rows: int) -> str:
+    """CP rank 0's ownership failure when each of ``rows`` rows has its gradient on both of two ranks."""
+    batch = MicrobatchSpec(images=((4, 4),) * rows, name="rows").tensors()
+    grad = torch.ones_like(batch.patches)
+    both = torch.ones(2, rows)
+    result = RankResult(0, cp_rank=0)
+    oracle._check_ownership(result, batch, grad, grad, None, both.bool(), both, 0.0)
+    (said,) = result.failures
+    return said
+
+
+@pytest.mark.parametrize("rows, more", [(4, False), (5, True)])
+def test_the_ownership_table_says_there_are_more_only_past_four_rows(rows, more):
+    said = _ownership_of(rows)
+    assert said.count("on ranks [0, 1]") == 4 and said.endswith(" ...") is more, said
+
+
+def test_a_plan_that_lists_placeholders_for_fewer_ranks_gives_the_others_none():
+    plan = Ownership(owner=(0, 0), tokens=(4, 4), placeholders=(1,))
+    spec = MicrobatchSpec(images=((8, 8), (8, 8)), name="two")
+    first, second = RankResult(0, cp_rank=0), RankResult(1, cp_rank=1)
+    oracle._describe(first, spec, plan, 0)
+    oracle._describe(second, spec, plan, 1)
+    assert (first.images, first.placeholders) == (2, 1) and (second.images, second.placeholders) == (0, 0)

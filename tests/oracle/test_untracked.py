@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vdpcp import oracle
-from vdpcp.case import Case
+from vdpcp.case import Case, RankResult
 from vdpcp.runner import run_judged
 from vdpcp.scenarios import SCENARIOS
 
@@ -58,3 +58,12 @@ def test_encoding_the_whole_microbatch_without_grad_beside_its_share_is_not_shar
 def test_a_correct_implementation_has_nothing_outside_autograd():
     judged = run_judged(Case(SPECS["video-and-images"], 4, "reference"), backend="gloo")
     assert judged.verdict == "pass" and all(r.untracked == 0 for r in judged.result.ranks), judged.result.summary()
+
+
+def test_even_one_row_taken_outside_autograd_is_not_sharded():
+    batch = SPECS["three-images"].tensors()
+    read = torch.tensor([[True, False, True], [False, True, False]])
+    result = RankResult(0)
+    oracle._judge_untracked(result, [0, 1], read, batch)
+    (said,) = result.not_sharded
+    assert "CP rank 1's tower took 1 patch rows outside autograd" in said and "CP rank 0" not in said, said

@@ -69,3 +69,11 @@ def test_own_token_mask_marks_the_gathered_rows_of_a_ranks_own_images():
     assert oracle.own_token_mask(plan, 0, "cpu").tolist() == [True, True, False, False, False, True]
     assert oracle.own_token_mask(plan, 1, "cpu").tolist() == [False, False, True, True, True, False]
     assert plan.rows_of(1) == [1, 2]
+
+
+def test_a_seed_of_any_size_draws_weights_and_the_main_features_are_output_0():
+    case = Case(SPEC, 4)
+    largest = replace(SPEC, seed=2**64 - 1)  # the largest a spec takes (and a DP replica's seed can wrap to)
+    w = oracle.loss_weights(case, largest, 3, SHAPE, torch.float64, torch.device("cpu"))
+    assert torch.equal(w, oracle.loss_weights(case, largest, 3, SHAPE, torch.float64, torch.device("cpu"), output=0))
+    assert not torch.equal(w, oracle.loss_weights(case, largest, 3, SHAPE, torch.float64, torch.device("cpu"), output=1))

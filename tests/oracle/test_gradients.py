@@ -1,0 +1,27 @@
+"""How the oracle compares parameter gradients (vdpcp.oracle._check_param_grads): summed over the CP group, in
+float64 element by element, the first parameter off named once, not every one after it."""
+
+import torch
+
+from vdpcp import comm, oracle
+from vdpcp.case import RankResult
+
+
+def _alone(tensors, group):  # one rank: the sum over the group is the rank's own
+    return [t.detach().clone() for t in tensors]
+
+
+def test_float64_parameter_gradients_off_name_the_first_parameter_off_once(monkeypatch):
+    monkeypatch.setattr(comm, "all_reduce_sums", _alone)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)).double()
+    model(torch.ones(2, 3, dtype=torch.float64)).sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    expected[1] += 1.0  # 0.bias and 1.weight are off
+    expected[2] += 1.0
+    result = RankResult(0)
+    extra = torch.ones(2, dtype=torch.float64)
+    (summed,) = oracle._check_param_grads(result, model, expected, None, [extra], torch.float64, 0.0)
+    assert torch.equal(summed, extra)
+    (said,) = result.failures
+    assert said.startswith("param grads (summed over ranks): 0.bias: Tensor-likes are not close!"), said
+    assert result.param_grad_err == 1.0

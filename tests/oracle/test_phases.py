@@ -1,0 +1,52 @@
+"""How a rank's case is paced and timed (vdpcp.oracle): ranks sharing a GPU take turns for the unsharded arm only
+where all of them at once would not fit, and each phase's seconds are kept to a tenth of a millisecond. GPU-only
+decisions, taken here with the GPU's figures stood in for."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from vdpcp import oracle
+from vdpcp.case import Case, RankResult
+from vdpcp.spec import MicrobatchSpec
+
+CASE = Case(MicrobatchSpec(images=((8, 8),) * 3, name="three"), 2)
+GPU = 10 * 2**30
+
+
+@pytest.fixture
+def shared_gpu(monkeypatch):
+    """A GPU of GPU bytes that every rank of the case shares, and a case whose ranks together need ``need`` bytes."""
+    need = {"bytes": 0}
+    monkeypatch.setattr(oracle.budget, "need", lambda case, device: SimpleNamespace(
+        colocated=lambda turns: need["bytes"] if turns is False else pytest.fail("asked for the estimate with turns")))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=GPU))
+    monkeypatch.setattr(oracle, "turn", lambda device: ("turn", device))
+    return need
+
+
+@pytest.mark.parametrize("share, turns", [(0.5, False), (0.8, False), (0.81, True), (1.5, True)])
+def test_ranks_sharing_a_gpu_take_turns_only_when_all_at_once_needs_over_four_fifths_of_it(shared_gpu, share, turns):
+    shared_gpu["bytes"] = share * GPU
+    result = RankResult(0)
+    pacing = oracle._turns(SimpleNamespace(shares_device=True, device="cuda:0"), CASE, result)
+    assert result.turns is turns
+    assert (pacing == ("turn", "cuda:0")) is turns, pacing
+
+
+def test_a_rank_with_a_device_of_its_own_never_waits_its_turn(shared_gpu):
+    shared_gpu["bytes"] = 100 * GPU
+    result = RankResult(0)
+    pacing = oracle._turns(SimpleNamespace(shares_device=False, device="cuda:0"), CASE, result)
+    assert result.turns is False and pacing != ("turn", "cuda:0")
+
+
+def test_each_phase_is_timed_from_the_last_to_a_tenth_of_a_millisecond(monkeypatch):
+    ticks = iter([100.0, 101.23456, 101.5])
+    monkeypatch.setattr(oracle.time, "perf_counter", lambda: next(ticks))
+    result = RankResult(0)
+    clock = oracle.Clock(result)
+    clock.lap("build")
+    clock.lap("unsharded")
+    assert result.seconds == {"build": pytest.approx(1.2346, abs=1e-9), "unsharded": pytest.approx(0.2654, abs=1e-9)}
