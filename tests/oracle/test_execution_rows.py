@@ -136,3 +136,31 @@ def test_a_plan_that_lists_placeholders_for_fewer_ranks_gives_the_others_none():
     oracle._describe(first, spec, plan, 0)
     oracle._describe(second, spec, plan, 1)
     assert (first.images, first.placeholders) == (2, 1) and (second.images, second.placeholders) == (0, 0)
+
+
+def _ownership(cp_rank, holders, read, grad, ref_grad):
+    """What CP rank ``cp_rank`` says of ownership without a plan, over three one-patch-grid images."""
+    batch = MicrobatchSpec(images=((4, 4),) * 3, name="three").tensors()
+    result = RankResult(cp_rank, cp_rank=cp_rank)
+    grad, ref_grad = grad(batch.patches), ref_grad(batch.patches)
+    oracle._check_ownership(result, batch, grad, ref_grad, None, torch.tensor(read), torch.tensor(holders, dtype=torch.float64), 0.0)
+    return result.failures
+
+
+def test_without_a_plan_an_images_gradient_must_be_on_the_one_rank_that_read_it():
+    ones = torch.ones_like
+    said = _ownership(0, [[1, 1, 0], [0, 0, 1]], [[True, False, False], [False, True, True]], ones, ones)
+    assert said[0].startswith("input grads: an image's gradient must be non-zero on exactly its owner's rank: row 1 on "
+                              "ranks [0] (encoded on rank 1)"), said
+    unread = _ownership(0, [[1, 0, 0], [0, 1, 1]], [[False, False, False], [False, True, True]], ones, ones)
+    assert unread == [], unread  # a row no tower read has no owner to hold it to (its own check says so)
+
+
+def test_without_a_plan_each_rank_compares_the_images_whose_gradient_it_holds():
+    def off(patches):  # the gradient rank 1 holds: right on image 0, 10% off on image 2 (the last of three alike)
+        grad = torch.ones_like(patches)
+        grad[:, 2 * patches.shape[1] // 3 :] *= 1.1
+        return grad
+
+    said = _ownership(1, [[0, 1, 0], [1, 0, 1]], [[False, True, False], [True, False, True]], off, torch.ones_like)
+    assert len(said) == 1 and said[0].startswith("input grads (own images): Tensor-likes are not close!"), said

@@ -1,6 +1,6 @@
-"""How a rank's case is paced and timed (vdpcp.oracle): ranks sharing a GPU take turns for the unsharded arm only
-where all of them at once would not fit, and each phase's seconds are kept to a tenth of a millisecond. GPU-only
-decisions, taken here with the GPU's figures stood in for."""
+"""How a rank's case is paced, timed and sized (vdpcp.oracle): ranks sharing a GPU take turns for the unsharded arm
+only where all of them at once would not fit (a GPU-only decision, taken here with the GPU's figures stood in for),
+each phase's seconds are kept to a tenth of a millisecond, and the bytes a rank held are reported per part."""
 
 from types import SimpleNamespace
 
@@ -50,3 +50,14 @@ def test_each_phase_is_timed_from_the_last_to_a_tenth_of_a_millisecond(monkeypat
     clock.lap("build")
     clock.lap("unsharded")
     assert result.seconds == {"build": pytest.approx(1.2346, abs=1e-9), "unsharded": pytest.approx(0.2654, abs=1e-9)}
+
+
+def test_a_rank_reports_the_bytes_it_held_and_none_for_an_arm_that_never_ran():
+    model = torch.nn.Linear(4, 2).double()  # 10 parameters: 80 bytes
+    grads = [torch.zeros(2, 4, dtype=torch.float64), None]
+    memory = oracle.Memory(torch.device("cpu"))
+    assert memory.figures(model, SimpleNamespace(grads=grads, own_grads=None)) == {
+        "model": 80, "unsharded grads": 64, "rank-alone grads": 0}
+    assert memory.figures(model, SimpleNamespace(grads=grads, own_grads=grads)) == {
+        "model": 80, "unsharded grads": 64, "rank-alone grads": 64}
+    assert memory.figures(model, None) == {"model": 80}  # the unsharded encoder raised
