@@ -92,3 +92,45 @@ def test_the_report_says_what_precision_ran():
 def test_a_batch_without_rows_is_one_chunk():
     empty = replace(SPECS["three-images"], images=(), name="none")
     assert len(list(precision.media_chunks(empty.tensors(), 1))) == 1
+
+
+@pytest.fixture
+def cuda_switches():
+    """torch's precision switches as they were, put back after the test (they can be read and set without a GPU)."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = (matmul.allow_tf32, cudnn.allow_tf32, matmul.allow_bf16_reduced_precision_reduction,
+             matmul.allow_fp16_reduced_precision_reduction, torch.get_float32_matmul_precision())
+    yield matmul, cudnn
+    (matmul.allow_tf32, cudnn.allow_tf32, matmul.allow_bf16_reduced_precision_reduction,
+     matmul.allow_fp16_reduced_precision_reduction) = saved[:4]
+    torch.set_float32_matmul_precision(saved[4])
+
+
+@pytest.mark.parametrize("convolutions, matmuls", [(True, False), (False, True)])
+def test_on_cuda_the_report_says_where_tf32_was_on_for_float32(cuda_switches, convolutions, matmuls):
+    matmul, cudnn = cuda_switches
+    cudnn.allow_tf32, matmul.allow_tf32 = convolutions, matmuls
+    said = precision.in_effect(torch.float32, torch.device("cuda", 0))
+    on = {True: "on", False: "off"}
+    assert said == f"float32, TF32 {on[convolutions]} in convolutions, {on[matmuls]} in matmuls", said
+
+
+@pytest.mark.parametrize("dtype, flag", [(torch.bfloat16, "allow_bf16_reduced_precision_reduction"),
+                                         (torch.float16, "allow_fp16_reduced_precision_reduction")])
+def test_on_cuda_the_report_says_whether_reductions_ran_in_the_half_precision_itself(cuda_switches, dtype, flag):
+    matmul, _ = cuda_switches
+    other = ({"allow_bf16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction"} - {flag}).pop()
+    name = str(dtype).removeprefix("torch.")
+    for reduced in (True, False):
+        setattr(matmul, flag, reduced)
+        setattr(matmul, other, not reduced)  # the other half precision's switch says nothing of this one
+        assert precision.in_effect(dtype, torch.device("cuda")) == \
+            f"{name}, reduced-precision reductions {'on' if reduced else 'off'}"
+    assert precision.in_effect(torch.float64, torch.device("cuda")) == "float64"
+
+
+def test_float16_compares_with_its_own_rtol():
+    expected = torch.ones(2, 4, dtype=torch.float16)
+    said = precision.compare_rows("outputs", expected * 1.01, expected, None, "token")
+    assert said == ("outputs: 2 of 2 tokens off; token 0: relative 2-norm error 0.00977 exceeds torch.float16's rtol "
+                    "0.001"), said
