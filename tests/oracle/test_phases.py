@@ -35,11 +35,6 @@ def test_ranks_sharing_a_gpu_take_turns_only_when_all_at_once_needs_over_four_fi
     assert (pacing == ("turn", "cuda:0")) is turns, pacing
 
 
-def test_a_rank_with_a_device_of_its_own_never_waits_its_turn(shared_gpu):
-    shared_gpu["bytes"] = 100 * GPU
-    result = RankResult(0)
-    pacing = oracle._turns(SimpleNamespace(shares_device=False, device="cuda:0"), CASE, result)
-    assert result.turns is False and pacing != ("turn", "cuda:0")
 
 
 def test_each_phase_is_timed_from_the_last_to_a_tenth_of_a_millisecond(monkeypatch):
@@ -61,3 +56,18 @@ def test_a_rank_reports_the_bytes_it_held_and_none_for_an_arm_that_never_ran():
     assert memory.figures(model, SimpleNamespace(grads=grads, own_grads=grads)) == {
         "model": 80, "unsharded grads": 64, "rank-alone grads": 64}
     assert memory.figures(model, None) == {"model": 80}  # the unsharded encoder raised
+
+
+@pytest.mark.parametrize("ctx, gives_back", [(SimpleNamespace(device="cuda:0"), False),  # a context that does not say
+                                             (SimpleNamespace(device="cuda:0", shares_device=False), False),
+                                             (SimpleNamespace(device="cuda:0", shares_device=True), True)])
+def test_only_a_rank_sharing_its_gpu_gives_its_cached_memory_back_and_waits_its_turn(shared_gpu, monkeypatch, ctx,
+                                                                                     gives_back):
+    given = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: given.append(1))
+    oracle._give_back(ctx)
+    assert given == ([1] if gives_back else [])
+    shared_gpu["bytes"] = 100 * GPU
+    result = RankResult(0)
+    oracle._turns(ctx, CASE, result)
+    assert result.turns is gives_back

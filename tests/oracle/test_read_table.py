@@ -1,0 +1,43 @@
+"""Which rows reached each rank's tower is read from the sharded run's own graph (vdpcp.oracle._read_table), which
+must stay whole for the loss's backward after; and a microbatch with no rows is not a replicated run, so a rank that
+skips its tower on one (placeholders only, on every rank) still fails the execution check."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from vdpcp.case import Case
+from vdpcp.impls.reference import Reference
+from vdpcp.runner import run_case
+from vdpcp.scenarios import SCENARIOS, matrix
+
+SPEC = next(s.spec for s in SCENARIOS if s.spec.name == "three-images")
+
+
+class KeepsTensorsBeforeItsTower(Reference):
+    """The reference, with its patches multiplied by ones before the tower: an op that saves a tensor for backward
+    between the patches and the tower's first layer."""
+
+    name = "keeps-tensors-before-its-tower"
+
+    def encode_sharded(self, model, batch, config, group):
+        scaled = replace(batch, patches=batch.patches * torch.ones_like(batch.patches))
+        return super().encode_sharded(model, scaled, config, group)
+
+
+keeps_tensors = KeepsTensorsBeforeItsTower()
+
+
+@pytest.mark.distributed
+def test_reading_what_ran_leaves_the_graph_for_the_loss():
+    result = run_case(Case(SPEC, 2, "tests.oracle.test_read_table:keeps_tensors"), backend="gloo")
+    assert result.verdict == "pass", result.summary()
+
+
+@pytest.mark.distributed
+def test_ranks_that_skip_their_tower_on_an_empty_microbatch_fail():
+    empty = next(c for c in matrix(impls=("reference",), cps=(2,)) if c.id == "empty-cp2-reference-count")
+    result = run_case(empty.with_(mutant="placeholder-rank-skips-tower"), backend="gloo")
+    assert result.verdict == "fail", result.summary()
+    assert any("did not run its tower on any row" in f for f in result.failures), result.summary()
