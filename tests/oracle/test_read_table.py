@@ -1,6 +1,7 @@
 """Which rows reached each rank's tower is read from the sharded run's own graph (vdpcp.oracle._read_table), which
 must stay whole for the loss's backward after; and a microbatch with no rows is not a replicated run, so a rank that
-skips its tower on one (placeholders only, on every rank) still fails the execution check."""
+skips its tower on one (placeholders only, on every rank) still fails the execution check, and with sharding off it
+breaks no policy."""
 
 from dataclasses import replace
 
@@ -10,7 +11,7 @@ import torch
 from vdpcp.case import Case
 from vdpcp.impls.reference import Reference
 from vdpcp.runner import run_case
-from vdpcp.scenarios import SCENARIOS, matrix
+from vdpcp.scenarios import EMPTY, SCENARIOS, matrix
 
 SPEC = next(s.spec for s in SCENARIOS if s.spec.name == "three-images")
 
@@ -41,3 +42,9 @@ def test_ranks_that_skip_their_tower_on_an_empty_microbatch_fail():
     result = run_case(empty.with_(mutant="placeholder-rank-skips-tower"), backend="gloo")
     assert result.verdict == "fail", result.summary()
     assert any("did not run its tower on any row" in f for f in result.failures), result.summary()
+
+
+@pytest.mark.distributed
+def test_an_empty_microbatch_with_sharding_off_passes_with_no_policy_to_break():
+    result = run_case(Case(EMPTY, 2, vision_dp_over_cp=False), backend="gloo")
+    assert result.verdict == "pass" and not any(r.plan_mismatch for r in result.ranks), result.summary()

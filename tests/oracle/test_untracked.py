@@ -2,11 +2,14 @@
 inference_mode, a detached input) beyond its own share is not-sharded work; placeholders and padding, constant
 rows, are not."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from vdpcp import oracle
 from vdpcp.case import Case, RankResult
+from vdpcp.impls.reference import Reference
 from vdpcp.runner import run_judged
 from vdpcp.scenarios import SCENARIOS
 
@@ -67,3 +70,30 @@ def test_even_one_row_taken_outside_autograd_is_not_sharded():
     oracle._judge_untracked(result, [0, 1], read, batch)
     (said,) = result.not_sharded
     assert "CP rank 1's tower took 1 patch rows outside autograd" in said and "CP rank 0" not in said, said
+
+
+class PreviewsWithoutGrad(Reference):
+    """Runs its tower once outside autograd on the whole microbatch (a preview, say) before every encode, unsharded
+    as sharded: work its own unsharded encode does too, so the sharded run is not judged on it."""
+
+    name = "previews-without-grad"
+
+    def encode(self, model, batch):
+        with torch.no_grad():
+            super().encode(model, replace(batch, patches=batch.patches.detach()))
+        return super().encode(model, batch)
+
+    def encode_sharded(self, model, batch, config, group):
+        with torch.no_grad():
+            super().encode(model, replace(batch, patches=batch.patches.detach()))
+        return super().encode_sharded(model, batch, config, group)
+
+
+previews_without_grad = PreviewsWithoutGrad()
+
+
+@pytest.mark.distributed
+def test_rows_the_unsharded_encode_takes_outside_autograd_too_are_not_judged():
+    judged = run_judged(Case(SPECS["three-images"], 2, "tests.oracle.test_untracked:previews_without_grad"), backend="gloo")
+    assert judged.verdict == "pass", judged.result.summary()
+    assert all(r.untracked > 0 for r in judged.result.ranks), judged.result.summary()
