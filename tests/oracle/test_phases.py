@@ -48,14 +48,15 @@ def test_each_phase_is_timed_from_the_last_to_a_tenth_of_a_millisecond(monkeypat
 
 
 def test_a_rank_reports_the_bytes_it_held_and_none_for_an_arm_that_never_ran():
-    model = torch.nn.Linear(4, 2).double()  # 10 parameters: 80 bytes
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.BatchNorm1d(2)).double()
+    held = 14 * 8 + 4 * 8 + 8  # 14 parameters; running mean and variance (float64), the batch count (int64)
     grads = [torch.zeros(2, 4, dtype=torch.float64), None]
     memory = oracle.Memory(torch.device("cpu"))
     assert memory.figures(model, SimpleNamespace(grads=grads, own_grads=None)) == {
-        "model": 80, "unsharded grads": 64, "rank-alone grads": 0}
+        "model": held, "unsharded grads": 64, "rank-alone grads": 0}
     assert memory.figures(model, SimpleNamespace(grads=grads, own_grads=grads)) == {
-        "model": 80, "unsharded grads": 64, "rank-alone grads": 64}
-    assert memory.figures(model, None) == {"model": 80}  # the unsharded encoder raised
+        "model": held, "unsharded grads": 64, "rank-alone grads": 64}
+    assert memory.figures(model, None) == {"model": held}  # the unsharded encoder raised
 
 
 @pytest.mark.parametrize("ctx, gives_back", [(SimpleNamespace(device="cuda:0"), False),  # a context that does not say
