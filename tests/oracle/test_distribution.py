@@ -84,3 +84,9 @@ def test_a_plan_for_fewer_rows_than_ran_is_held_to_the_rows_it_covers():
     result = RankResult(0)
     oracle._judge_distribution(result, read, Ownership(owner=(1, 1), tokens=(4, 4), placeholders=(0, 0)), True, False)
     assert result.plan_mismatch == ["plan mismatch: row 0 encoded on rank 0, the plan says rank 1"], result.plan_mismatch
+
+
+@pytest.mark.distributed
+def test_one_image_encoded_on_every_rank_is_not_sharded():
+    judged = _judge("replicating", "one-image", 2)
+    assert judged.verdict == "not-sharded", judged.result.summary()
