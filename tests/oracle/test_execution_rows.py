@@ -103,6 +103,11 @@ def test_a_layer_fed_a_zero_width_input_saw_no_rows():
     assert oracle.input_rows(torch.nn.Linear(0, 3), torch.zeros(5, 0)) == 0
 
 
+def test_a_layer_of_width_one_reads_a_row_per_element():
+    assert oracle.input_rows(torch.nn.Linear(1, 3), torch.zeros(5, 1)) == 5
+    assert oracle.input_rows(torch.nn.Conv1d(1, 2, kernel_size=1), torch.zeros(1, 1, 7)) == 7
+
+
 def test_an_execution_leaves_no_hook_on_the_model_once_closed():
     tower = Tower()  # a cached model is borrowed by case after case: each case's hooks must go with it
     with oracle.Execution(tower) as ran:
