@@ -109,8 +109,14 @@ def summary(rows: list[dict], wall: float) -> list[str]:
         ratios = [rk["ratio"] for r in rows if r["impl"] == impl for rk in r["ranks"] if rk["ratio"]]
         if ratios:
             out.append(f"{impl}: each rank's CUDA peak / the budget's estimate {min(ratios):.2f} to {max(ratios):.2f}")
+    for cp in sorted({r["cp"] for r in rows}):  # the figures: the median CP 2 case, the selection's wall
+        times = [r["seconds"] for r in rows if r["cp"] == cp and r["world"] == cp]
+        if times:
+            out.append(f"every subject CP {cp}: median case {statistics.median(times):.2f} s over {len(times)} cases"
+                       f"{' (target 5 s)' if cp == 2 else ''}")
     passing = sum(r["passing"] for r in rows)
-    out.append(f"{len(rows)} cases, {passing} passing, in {wall:.1f} s wall")
+    out.append(f"{len(rows)} cases, {passing} passing, in {wall:.1f} s wall (target for the real-size selection on one "
+               f"GPU: 600 s)")
     return out
 
 
