@@ -8,10 +8,14 @@
 #   scripts/mutation.sh oracle layout      # some of them
 #   MUTATION_WORKERS=1 MUTATION_DIR=/tmp/m scripts/mutation.sh
 #   MUTATION_FROM=/tmp/m MUTATION_DIR=/tmp/m2 scripts/mutation.sh saved   # re-run only /tmp/m's survivors
+#   MUTATION_RESUME=1 MUTATION_DIR=/tmp/m scripts/mutation.sh oracle fuzz   # finish a run stopped partway
 #
 # MUTATION_FROM: a previous run's folder; each module whose source is unchanged since then re-runs only that
 # run's survivors (against the current tests) and keeps its other results; a changed module runs in full.
 # MUTATION_SURVIVORS_ONLY=1 with it: mutants that run never reached stay unrun (reported as not run).
+# MUTATION_RESUME=1: MUTATION_DIR holds a run that stopped partway (a session ended, a machine went away); its
+# results are kept and only the mutants it never reached run, against the current tests. A module whose source
+# changed since that run began is refused: its mutants would no longer be the ones on record.
 #
 # Why cosmic-ray, not mutmut: the oracle runs inside rank processes forked from a warm zygote. mutmut 3 switches
 # mutants in-process (trampolines, an environment variable read where the zygote was started) and records which
@@ -121,12 +125,25 @@ shards() {  # NAME...: each module's session, one copy per worker (the one that 
 }
 
 started=$(date +%s)
-rm -rf "$work"
-mkdir -p "$work"
-for w in $(seq 1 "$workers"); do  # the checkout as it is (tracked and untracked-but-not-ignored files), per worker
-    mkdir -p "$work/tree$w"
-    git ls-files -z -co --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$work/tree$w"
-done
+copy_checkout() {  # the checkout as it is (tracked and untracked-but-not-ignored files), once per worker
+    for w in $(seq 1 "$workers"); do
+        mkdir -p "$work/tree$w"
+        git ls-files -z -co --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$work/tree$w"
+    done
+}
+resume=${MUTATION_RESUME:-}
+if [ -n "$resume" ]; then
+    for name in $names; do  # NAME.source.py: the module as the run found it (a copy may hold a mutant now)
+        [ -f "$work/$name.1.sqlite" ] && [ -f "$work/$name.source.py" ] \
+            || { echo "mutation.sh: $work holds no run of $name to resume" >&2; exit 2; }
+        cmp -s "$work/$name.source.py" "${module[$name]}" \
+            || { echo "mutation.sh: ${module[$name]} changed since $work's run began; run it afresh" >&2; exit 2; }
+    done
+else
+    rm -rf "$work"
+    mkdir -p "$work"
+fi
+copy_checkout  # on resume, also undoes the mutant a stopped run left written in its copy
 
 EXCLUDE='"core/ReplaceBinaryOperator_(?!(Add_Sub|Sub_Add|Mul_Div|Div_Mul|FloorDiv_Mul|Div_FloorDiv|FloorDiv_Div|Mod_FloorDiv|Pow_Mul|BitOr_BitAnd|BitAnd_BitOr)$)",
   "core/ReplaceComparisonOperator_(?!(Eq_NotEq|NotEq_Eq|Lt_LtE|LtE_Lt|Gt_GtE|GtE_Gt|Lt_GtE|GtE_Lt|LtE_Gt|Gt_LtE|Is_IsNot|IsNot_Is|In_NotIn|NotIn_In)$)",
@@ -149,6 +166,8 @@ name = "local"
 [cosmic-ray.filters.operators-filter]
 exclude-operators = [$EXCLUDE]
 EOF
+    [ -z "$resume" ] || continue
+    cp "${module[$name]}" "$work/$name.source.py"
     from=${MUTATION_FROM:-}
     if [ -n "$from" ] && [ -f "$from/$name.sqlite" ] && cmp -s "$from/tree1/${module[$name]}" "${module[$name]}"; then
         score retry ${MUTATION_SURVIVORS_ONLY:+--survivors-only} "$work/$name.sqlite" "$from"/$name.[0-9]*.sqlite
@@ -168,6 +187,7 @@ done
 # Each worker takes every module's mutants in turn, one shard of each (job i to worker i mod workers), in its
 # own copy of the checkout: the load evens out whatever each module's mutants cost.
 for name in $names; do
+    [ -z "$resume" ] || break
     for w in $(seq 1 "$workers"); do
         cp "$work/$name.sqlite" "$work/$name.$w.sqlite"
         score shard "$work/$name.$w.sqlite" "$w" "$workers"
