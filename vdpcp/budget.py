@@ -227,13 +227,17 @@ def need(case, patch_bytes: int | None = None, device: str = "cpu") -> Need:
             body += int(SCORES_KEPT * layers * heads * sum(p * p for _, p, _ in shard) * DTYPE_BYTES[dtype])
         return body
 
-    own = int(not case.config.shard_vision or _plans(case)) if case.grads else 0
+    # Its own share of the gradients: the rows of a stated plan, or, encoded whole (sharding off, or the
+    # implementation's fallback policy replicating the microbatch), its own loss's (vdpcp.oracle._own_weight).
+    own = int(not case.config.shard_vision or _replicates(case) or _plans(case)) if case.grads else 0
     grads = params * d if case.grads else 0  # an outputs-only case takes no backward
     copies = (2 + own) if case.grads else 1  # the exact run's model, its gradients and its own share's
     unsharded = arm(units)
     exact = EXACT.get(case.dtype)
     chunks = [_units(spec, group) for group in spec.media_groups(EXACT_CHUNK)] or [units]
-    exact_arm = (max(arm(chunk, exact) for chunk in chunks) + copies * params * DTYPE_BYTES[exact]) if exact else 0
+    # An outputs-only case's exact run is a forward under no_grad: it keeps no activations for a backward.
+    kept = max(arm(chunk, exact) for chunk in chunks) if exact and case.grads else 0
+    exact_arm = (kept + copies * params * DTYPE_BYTES[exact]) if exact else 0
     turn = (1 + own) * grads + max(unsharded, exact_arm)  # on top of the base, while the unsharded arm runs
     inputs = 2 * patches * CHANNELS * spec.patch_dim**2 * INPUT_COPIES * d  # both arms' microbatch and its gradients
     weights = case.cp * _tokens(units) * _lm_hidden(case) * d  # W_r of every CP rank, on every rank

@@ -12,6 +12,7 @@ from vdpcp.case import Case, RankResult
 from vdpcp.expectations import judge
 from vdpcp.fuzz import MAX_GRID, TUBELET_SIZES
 from vdpcp.impls import resolve
+from vdpcp.impls.reference import Reference
 from vdpcp.runner import CaseResult
 from vdpcp.spec import MicrobatchSpec, SpecError, SpecTooLarge
 
@@ -50,6 +51,42 @@ def test_every_rank_holds_the_unsharded_arm_in_its_turn_and_its_own_shard_throug
     assert alone.world == 1 and alone.resident[0] >= alone.unsharded and alone.ranks[0] >= alone.unsharded
     opt_out = budget.need(case.with_(vision_dp_over_cp=False))
     assert opt_out.resident[0] == opt_out.resident[1] > need.resident[1]
+
+
+class _Replicating(Reference):
+    """The reference with a fallback policy that encodes every microbatch whole, and no stated plan."""
+
+    def plan(self, spec, config):
+        return None
+
+    def replicated(self, spec, config):
+        return "below the policy's threshold"
+
+
+REPLICATING = _Replicating()
+
+
+def test_a_microbatch_the_implementations_fallback_replicates_is_held_as_the_opt_out_holds_it():
+    # Encoded whole on every rank, each rank also holds its own loss's share of the gradients (the oracle checks
+    # them rank-alone), as under the opt-out; missing it, automodel-shipped's real tower peaked 31% over the estimate
+    # on the H200 and eight of its ranks ran out of memory without taking turns (reports/gpu/README.md).
+    case = Case(spec([[16, 16]] * 5), 2, impl=f"{__name__}:REPLICATING", dtype="bfloat16")
+    held = budget.need(case, device="cuda")
+    opt_out = budget.need(case.with_(vision_dp_over_cp=False), device="cuda")
+    assert (held.ranks, held.resident, held.turn) == (opt_out.ranks, opt_out.resident, opt_out.turn)
+    assert min(held.resident) > max(budget.need(case.with_(impl="reference"), device="cuda").resident)  # sharded
+
+
+def test_an_outputs_only_cases_exact_run_holds_its_model_copy_and_no_activations():
+    # Its exact run is a forward under no_grad (vdpcp.precision.measure): measured on the H200, estimates that held
+    # the exact run's float32 activations were 1.4 to 4.3 times MCore's outputs-only peaks.
+    case = Case(spec([[64, 64]] * 8), 2, dtype="bfloat16", grads=False)
+    need = budget.need(case, device="cuda")
+    exact_model = budget._params(case) * budget.DTYPE_BYTES["float32"]
+    assert need.turn[0] + need.resident[0] == need.ranks[0]
+    assert max(need.ranks) <= need.resident[0] + max(need.unsharded, exact_model)
+    float32_forward = budget.need(case.with_(dtype="float32"), device="cuda").unsharded  # what it would keep
+    assert max(need.ranks) < need.resident[0] + float32_forward
 
 
 def test_dp_replicas_and_tp_ranks_each_hold_as_much():
