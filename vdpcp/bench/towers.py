@@ -4,7 +4,8 @@ Runs a selection of the matrix (default: every shipped subject at ``--tower real
 check` does (vdpcp.runner.run_judged) and prints one line per case: its verdict and seconds, whether each rank's
 model was built or reused (vdpcp.model_cache), and per rank what it held (the model, the unsharded arm's gradients
 set aside, the rank-alone ones), its CUDA peak, and the peak vdpcp.budget estimated for it (ratio measured /
-estimated). Then, per implementation and CP size, the median case's seconds, and the selection's wall time: the
+estimated). A case over this machine's memory (vdpcp.budget.check) is a "refused" line, and the
+selection goes on. Then, per implementation and CP size, the median case's seconds, and the selection's wall time: the
 figures a GPU runner's job is sized by (issue: the median CP 2 case within 5 s, the selection within 10 minutes on
 one GPU). Exit 1 if any case did not pass.
 """
@@ -40,6 +41,7 @@ def run(args) -> int:
     from vdpcp import budget, scenarios
     from vdpcp.harness.config import configure, planned_backend
     from vdpcp.runner import preload_case_modules, run_judged
+    from vdpcp.spec import SpecTooLarge
 
     impls = checked_impls(args.impl)
     tower = checked_tower(args.tower, impls)
@@ -51,12 +53,16 @@ def run(args) -> int:
     preload_case_modules(impls)
     rows, started = [], time.monotonic()
     for case in cases:
-        begun = time.monotonic()
-        with contextlib.redirect_stdout(io.StringIO()):
-            judged = run_judged(case, timeout=args.timeout)
-        seconds = time.monotonic() - begun
-        need = budget.need(case, device=budget.device_for(args.backend, case.world_size))
-        row = record(case, judged, seconds, need)
+        device = budget.device_for(args.backend, case.world_size)
+        try:  # as run_judged would, before any rank starts: a case over this machine is a line, not the end
+            need = budget.check(case, case.id, device)
+        except SpecTooLarge as err:
+            row = refused(case, str(err))
+        else:
+            begun = time.monotonic()
+            with contextlib.redirect_stdout(io.StringIO()):
+                judged = run_judged(case, timeout=args.timeout)
+            row = record(case, judged, time.monotonic() - begun, need)
         rows.append(row)
         print(line(row), flush=True)
         if args.json:  # after every case: a job killed at its time limit leaves what it finished
@@ -88,11 +94,18 @@ def record(case, judged, seconds: float, need) -> dict:
             "seconds": round(seconds, 2), "ranks": ranks}
 
 
+def refused(case, why: str) -> dict:
+    """A case the budget refuses on this machine (vdpcp.budget.check): not run, so no time and no ranks."""
+    return {"id": case.id, "impl": case.impl, "cp": case.cp, "world": case.world_size, "verdict": "refused",
+            "why": why, "failures": [], "passing": False, "seconds": 0.0, "ranks": []}
+
+
 def line(row: dict) -> str:
     """The case, its verdict and time, and each rank's model, peak / estimate."""
     ranks = " ".join(f"r{r['rank']}:{r['model'][:1] or '-'}{'t' if r['turns'] else ''} "
                      f"{_gib(r['held'].get('peak'))}/{_gib(r['estimate'])}" for r in row["ranks"])
-    why = f"  {row['why'][:200]}" if row["why"] and not row["passing"] else ""
+    shown = row["why"] if row["verdict"] == "refused" else row["why"][:200]  # a refusal ends with its override
+    why = f"  {shown}" if row["why"] and not row["passing"] else ""
     phases = row["ranks"][0]["seconds"] if row["ranks"] else {}
     spent = " ".join(f"{name} {s:.2f}" for name, s in phases.items())
     return f"{row['id']}  {row['verdict']}  {row['seconds']:.2f} s  [{spent}]  {ranks}{why}"
@@ -100,21 +113,24 @@ def line(row: dict) -> str:
 
 def summary(rows: list[dict], wall: float) -> list[str]:
     """Per implementation and CP size the median case's seconds; the measured peaks against the estimates; the wall."""
-    out = []
+    out, ran = [], [r for r in rows if r["verdict"] != "refused"]
     for impl in dict.fromkeys(r["impl"] for r in rows):
         for cp in sorted({r["cp"] for r in rows if r["impl"] == impl}):
-            times = [r["seconds"] for r in rows if r["impl"] == impl and r["cp"] == cp and r["world"] == cp]
+            times = [r["seconds"] for r in ran if r["impl"] == impl and r["cp"] == cp and r["world"] == cp]
             if times:
                 out.append(f"{impl} CP {cp}: median case {statistics.median(times):.2f} s over {len(times)} cases")
         ratios = [rk["ratio"] for r in rows if r["impl"] == impl for rk in r["ranks"] if rk["ratio"]]
         if ratios:
             out.append(f"{impl}: each rank's CUDA peak / the budget's estimate {min(ratios):.2f} to {max(ratios):.2f}")
     for cp in sorted({r["cp"] for r in rows}):  # the issue's figures: the median CP 2 case, the selection's wall
-        times = [r["seconds"] for r in rows if r["cp"] == cp and r["world"] == cp]
+        times = [r["seconds"] for r in ran if r["cp"] == cp and r["world"] == cp]
         if times:
             out.append(f"every subject CP {cp}: median case {statistics.median(times):.2f} s over {len(times)} cases"
                        f"{' (target 5 s)' if cp == 2 else ''}")
-    passing = sum(r["passing"] for r in rows)
+    passing, refusals = sum(r["passing"] for r in rows), len(rows) - len(ran)
+    if refusals:
+        out.append(f"{refusals} refused before they ran: over this machine's memory or compute limit (their lines "
+                   f"say which, and the option that raises it)")
     out.append(f"{len(rows)} cases, {passing} passing, in {wall:.1f} s wall (target for the real-size selection on one "
                f"GPU: 600 s)")
     return out
