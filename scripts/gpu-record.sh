@@ -90,7 +90,7 @@ bf16() {  # the built-ins together, each third-party subject alone; the per-case
 }
 
 towers() {  # $1: the dtype
-    step "VDPCP_DEVICE=cuda vdpcp bench towers --cp 2 4 --dtype $1 --backend gloo (every shipped subject, --tower real)"
+    step "VDPCP_DEVICE=cuda vdpcp bench towers --cp ${REAL_CP:-2 4} --dtype $1 --backend gloo (every shipped subject, --tower real)"
     VDPCP_DEVICE=cuda timeout "${REAL_S:-560}" python3 -m vdpcp bench towers --cp ${REAL_CP:-2 4} --dtype "$1" --backend gloo ${REAL_K:+-k "$REAL_K"} \
         --json "$out/real-$1.json" >"$out/real-$1.txt" 2>&1
     took $?; tail -12 "$out/real-$1.txt"
