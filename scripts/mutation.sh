@@ -65,7 +65,8 @@ tests[precision]="tests/unit/test_precision.py tests/oracle/test_rounding.py tes
 module[model_cache]=vdpcp/model_cache.py
 tests[model_cache]="tests/unit/test_model_cache.py"
 module[runner]=vdpcp/runner.py
-tests[runner]="tests/unit/test_verdicts.py tests/unit/test_judge.py tests/unit/test_report.py
+tests[runner]="tests/unit/test_case_result_summary.py tests/unit/test_case_faults.py tests/unit/test_verdicts.py
+  tests/unit/test_judge.py tests/unit/test_report.py
   tests/bounds/test_entry_points.py::test_run_case_refuses_too_for_callers_of_the_library
   tests/unit/test_duck_parts.py::test_rank_workers_preload_a_ducks_modules tests/distributed/test_oracle_figures.py
   tests/distributed/test_matrix.py::test_case[three-images-cp4-reference-count]
