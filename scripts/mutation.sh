@@ -42,10 +42,11 @@ work=${MUTATION_DIR:-/tmp/vdpcp-mutation-$(git -C "$here" rev-parse --short HEAD
 target=${MUTATION_TARGET:-90}
 cosmic_ray_version=8.7.0
 
-# module -> the tests that reach it, cheapest and surest first (pytest -x stops at the first failure).
+# module -> the tests that reach it, cheapest and surest first (pytest -x stops at the first failure, so a mutant
+# that the in-process tests kill costs seconds, not the distributed cases' minute).
 declare -A module tests
 module[oracle]=vdpcp/oracle.py
-tests[oracle]="tests/unit/test_oracle_weights.py tests/distributed/test_oracle_figures.py
+tests[oracle]="tests/oracle tests/unit/test_oracle_weights.py tests/distributed/test_oracle_figures.py
   tests/distributed/test_matrix.py::test_case[three-images-cp4-reference-count]
   tests/distributed/test_matrix.py::test_case[one-image-cp1-reference-count]
   tests/distributed/test_matrix.py::test_case[three-images-cp4-reference-count-zigzag]
@@ -57,7 +58,7 @@ tests[oracle]="tests/unit/test_oracle_weights.py tests/distributed/test_oracle_f
   tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case
   tests/mutants/test_mutants.py::test_a_bug_on_one_non_zero_rank_fails_and_the_report_names_it
   tests/distributed/test_execution.py tests/distributed/test_low_precision.py
-  tests/unit/test_duck_parts.py::test_a_duck_whose_stated_plan_is_not_what_ran_is_a_plan_mismatch tests/oracle
+  tests/unit/test_duck_parts.py::test_a_duck_whose_stated_plan_is_not_what_ran_is_a_plan_mismatch
   tests/unit/test_model_cache.py::test_a_rank_reuses_its_model_in_the_next_case_and_a_case_that_changes_it_fails"
 module[precision]=vdpcp/precision.py
 tests[precision]="tests/unit/test_precision.py tests/oracle/test_rounding.py tests/oracle/test_precision_model.py
