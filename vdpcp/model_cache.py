@@ -101,8 +101,8 @@ def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     t = t.detach()
-    if t.is_complex() or t.element_size() not in _INTS:
-        return t.double().sum().view(torch.int64)
+    if t.is_complex():  # its real and imaginary parts, each as bits (a cast to real would drop the imaginary)
+        t = torch.view_as_real(t)
     return t.contiguous().view(_INTS[t.element_size()]).sum(dtype=torch.int64)
 
 

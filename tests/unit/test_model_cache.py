@@ -153,6 +153,16 @@ def test_a_change_that_keeps_the_sum_of_the_values_is_still_a_change(dtype):
     assert said is not None and "e.g. values" in said, (dtype, said)
 
 
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_a_change_to_a_complex_weights_imaginary_part_alone_is_a_change(dtype):
+    impl = Keyed()
+    impl.build_model = lambda case, dtype_, device: Buffers(dtype)
+    model, _ = _borrow(impl, seed=6)
+    model.values.copy_(torch.tensor([1 + 1j, 3], dtype=dtype))
+    said = model_cache.release(model)
+    assert said is not None and "e.g. values" in said, (dtype, said)
+
+
 def test_a_failure_names_three_of_the_weights_that_changed():
     impl = Keyed()
     impl.build_model = lambda case, dtype, device: torch.nn.Sequential(*(torch.nn.Linear(2, 2) for _ in range(3))).double()
