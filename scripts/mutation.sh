@@ -73,7 +73,8 @@ tests[runner]="tests/unit/test_case_result_summary.py tests/unit/test_case_fault
   tests/distributed/test_matrix.py::test_case[three-images-cp4-reference-count]
   tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case[loss-replicated]"
 module[fuzz]=vdpcp/fuzz.py
-tests[fuzz]="tests/fuzz/test_shrink.py tests/fuzz/test_fuzz.py tests/fuzz/test_regressions.py
+tests[fuzz]="tests/fuzz/test_draw_space.py tests/fuzz/test_failure_signature.py tests/fuzz/test_search_defaults.py
+  tests/fuzz/test_search_report.py tests/fuzz/test_saved_folder.py tests/fuzz/test_shrink.py tests/fuzz/test_fuzz.py tests/fuzz/test_regressions.py
   tests/unit/test_verdicts.py::test_fuzz_finds_a_failure_in_a_verdict_as_the_table_says
   tests/bounds/test_entry_points.py::test_fuzz_never_draws_over_the_limit"
 module[expectations]=vdpcp/expectations.py
