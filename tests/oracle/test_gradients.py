@@ -4,16 +4,11 @@ off named once, not every one after it."""
 
 import torch
 
-from vdpcp import comm, oracle, precision
+from vdpcp import oracle, precision
 from vdpcp.case import RankResult
 
 
-def _alone(tensors, group):  # one rank: the sum over the group is the rank's own
-    return [t.detach().clone() for t in tensors]
-
-
-def test_float64_parameter_gradients_off_name_the_first_parameter_off_once(monkeypatch):
-    monkeypatch.setattr(comm, "all_reduce_sums", _alone)
+def test_float64_parameter_gradients_off_name_the_first_parameter_off_once(one_rank_sums):
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)).double()
     model(torch.ones(2, 3, dtype=torch.float64)).sum().backward()
     expected = [p.grad.clone() for p in model.parameters()]

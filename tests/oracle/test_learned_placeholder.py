@@ -5,7 +5,7 @@ read. In-process: one CP rank, its sum over the group its own table."""
 
 import torch
 
-from vdpcp import comm, oracle
+from vdpcp import oracle
 from vdpcp.spec import MicrobatchSpec
 
 SPEC = MicrobatchSpec(images=((8, 8), (8, 8)), name="two")
@@ -24,12 +24,10 @@ def _read(feed) -> tuple[list[list[bool]], list[int]]:
     return read.tolist(), untracked
 
 
-def test_a_rank_whose_tower_took_only_a_learned_placeholder_read_no_row(monkeypatch):
-    monkeypatch.setattr(comm, "all_reduce_sums", lambda tensors, group=None: [t.detach().clone() for t in tensors])
+def test_a_rank_whose_tower_took_only_a_learned_placeholder_read_no_row(one_rank_sums):
     assert _read(lambda patches, placeholder: placeholder) == ([[False, False]], [0])
 
 
-def test_beside_a_learned_placeholder_the_real_rows_its_tower_took_are_read(monkeypatch):
-    monkeypatch.setattr(comm, "all_reduce_sums", lambda tensors, group=None: [t.detach().clone() for t in tensors])
+def test_beside_a_learned_placeholder_the_real_rows_its_tower_took_are_read(one_rank_sums):
     rows = SPEC.row_patches[0]
     assert _read(lambda patches, placeholder: torch.cat([patches[rows:], placeholder])) == ([[False, True]], [0])
