@@ -229,7 +229,8 @@ def need(case, patch_bytes: int | None = None, device: str = "cpu") -> Need:
 
     # Its own share of the gradients: the rows of a stated plan, or, encoded whole (sharding off, or the
     # implementation's fallback policy replicating the microbatch), its own loss's (vdpcp.oracle._own_weight).
-    own = int(not case.config.shard_vision or _replicates(case) or _plans(case)) if case.grads else 0
+    replicates = case.config.shard_vision and _replicates(case)
+    own = int(not case.config.shard_vision or replicates or _plans(case)) if case.grads else 0
     grads = params * d if case.grads else 0  # an outputs-only case takes no backward
     copies = (2 + own) if case.grads else 1  # the exact run's model, its gradients and its own share's
     unsharded = arm(units)
@@ -242,7 +243,7 @@ def need(case, patch_bytes: int | None = None, device: str = "cpu") -> Need:
     inputs = 2 * patches * CHANNELS * spec.patch_dim**2 * INPUT_COPIES * d  # both arms' microbatch and its gradients
     weights = case.cp * _tokens(units) * _lm_hidden(case) * d  # W_r of every CP rank, on every rank
     base = params * d + inputs + weights
-    shards = _count_shards(units, case.cp) if case.config.shard_vision and not _replicates(case) else [units] * case.cp
+    shards = _count_shards(units, case.cp) if case.config.shard_vision and not replicates else [units] * case.cp
     sharded = [(2 + own) * grads + arm(shard) for shard in shards]  # on top of the base, in the sharded arm
     resident = tuple(base + s for s in sharded)
     arms = 2 + (exact is not None)

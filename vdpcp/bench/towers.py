@@ -53,15 +53,14 @@ def run(args) -> int:
     preload_case_modules(impls)
     rows, started = [], time.monotonic()
     for case in cases:
-        device = budget.device_for(args.backend, case.world_size)
-        try:  # as run_judged would, before any rank starts: a case over this machine is a line, not the end
-            need = budget.check(case, case.id, device)
+        begun = time.monotonic()
+        try:  # run_judged sizes the case before any rank starts: one over this machine is a line, not the end
+            with contextlib.redirect_stdout(io.StringIO()):
+                judged = run_judged(case, timeout=args.timeout)
         except SpecTooLarge as err:
             row = refused(case, str(err))
         else:
-            begun = time.monotonic()
-            with contextlib.redirect_stdout(io.StringIO()):
-                judged = run_judged(case, timeout=args.timeout)
+            need = budget.need(case, device=budget.device_for(args.backend, case.world_size))
             row = record(case, judged, time.monotonic() - begun, need)
         rows.append(row)
         print(line(row), flush=True)
