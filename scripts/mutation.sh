@@ -134,12 +134,16 @@ copy_checkout() {  # the checkout as it is (tracked and untracked-but-not-ignore
         git ls-files -z -co --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$work/tree$w"
     done
 }
+as_found() {  # RUN NAME: the module as run RUN found it (NAME.source.py, saved at init: a stopped run's copy may
+    # still hold a mutant; runs from before it was saved have only their copy)
+    if [ -f "$1/$2.source.py" ]; then echo "$1/$2.source.py"; else echo "$1/tree1/${module[$2]}"; fi
+}
 resume=${MUTATION_RESUME:-}
 if [ -n "$resume" ]; then
-    for name in $names; do  # NAME.source.py: the module as the run found it (a copy may hold a mutant now)
+    for name in $names; do
         [ -f "$work/$name.1.sqlite" ] && [ -f "$work/$name.source.py" ] \
             || { echo "mutation.sh: $work holds no run of $name to resume" >&2; exit 2; }
-        cmp -s "$work/$name.source.py" "${module[$name]}" \
+        cmp -s "$(as_found "$work" "$name")" "${module[$name]}" \
             || { echo "mutation.sh: ${module[$name]} changed since $work's run began; run it afresh" >&2; exit 2; }
     done
 else
@@ -172,7 +176,7 @@ EOF
     [ -z "$resume" ] || continue
     cp "${module[$name]}" "$work/$name.source.py"
     from=${MUTATION_FROM:-}
-    if [ -n "$from" ] && [ -f "$from/$name.sqlite" ] && cmp -s "$from/tree1/${module[$name]}" "${module[$name]}"; then
+    if [ -n "$from" ] && [ -f "$from/$name.sqlite" ] && cmp -s "$(as_found "$from" "$name")" "${module[$name]}"; then
         score retry ${MUTATION_SURVIVORS_ONLY:+--survivors-only} "$work/$name.sqlite" "$from"/$name.[0-9]*.sqlite
     else
         in_copy 1 "$work/$name.init.log" new_session "$name"
