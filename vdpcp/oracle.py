@@ -9,7 +9,8 @@ then checks:
 2. input grads: summed over the CP ranks they equal the unsharded ones; every image row has a non-zero
    gradient on exactly one rank (its owner: the implementation's plan says which, or it is inferred), and
    the owner's gradient for it equals the unsharded one;
-3. parameter grads: summed over the CP ranks they equal the unsharded gradients; where the implementation
+3. parameter grads: summed over the CP ranks (below float64, a tower over vdpcp.sketch.WIDTH parameters sums
+   count sketches of them) they equal the unsharded gradients; where the implementation
    states a plan, this rank's own equal the unsharded gradients of its own images' rows under the summed
    weights (so the projector stays sharded: gathering before the projector passes the sum but fails this);
 4. execution, not the plan: the tower's layers ran on this rank on at least one row (an image or a
@@ -38,7 +39,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from vdpcp import budget, comm, model_cache, precision
+from vdpcp import budget, comm, model_cache, precision, sketch
 from vdpcp.case import Case, RankResult
 from vdpcp.harness.turns import turn
 from vdpcp.layout import zigzag_positions
@@ -511,6 +512,8 @@ def _check_param_grads(result, model, expected, group, extra, dtype, slack) -> l
     off is named); below it as one vector within rtol + ``slack``."""
     params = [(name, p) for name, p in model.named_parameters()]
     low = precision.low(dtype)
+    if low and sketch.pays(sum(p.numel() for _, p in params)):
+        return _check_sketched_param_grads(result, [p for _, p in params], expected, group, extra, dtype, slack)
     diff_sq = scale_sq = 0.0
     summed_extra = None
     for bucket in _buckets([p for _, p in params]) or [[]]:
@@ -528,6 +531,20 @@ def _check_param_grads(result, model, expected, group, extra, dtype, slack) -> l
                 _fail(result, precision.compare(f"param grads (summed over ranks): {params[i][0]}", got, want))
     if low:
         _fail(result, precision.compare_vector("param grads (summed over ranks)", diff_sq, scale_sq, dtype, slack))
+    return summed_extra
+
+
+def _check_sketched_param_grads(result, params, expected, group, extra, dtype, slack) -> list[torch.Tensor]:
+    """_check_param_grads for a tower with more parameters than vdpcp.sketch.WIDTH, below float64: the ranks sum
+    count sketches of their gradients, not the gradients, so |summed - expected| is an estimate (vdpcp.sketch says
+    how close) and no element-wise figure exists: ``param_grad_err`` is NaN, not measured (the report's "-")."""
+    summed_extra = comm.all_reduce_sums(extra, group) if extra else []
+    device = params[0].device
+    mine, want = sketch.sketch(zip((p.grad for p in params), expected), device)
+    diff_sq = (comm.all_reduce_sum(mine, group) - want).square().sum().item()
+    scale_sq = sum(e.double().square().sum().item() for e in expected if e is not None)
+    result.param_grad_err = math.nan
+    _fail(result, precision.compare_vector("param grads (summed over ranks)", diff_sq, scale_sq, dtype, slack))
     return summed_extra
 
 

@@ -241,7 +241,8 @@ def _per_rank(result) -> tuple[str, str]:
 
 def _err(result, attr: str) -> str:
     measured = result.ranks and (attr == "out_err" or result.case.grads) and result.verdict not in ("unsharded-error", "resource")
-    return f"{result.max_err(attr):.1e}" if measured else "-"
+    err = result.max_err(attr) if measured else math.nan
+    return "-" if math.isnan(err) else f"{err:.1e}"  # NaN: not measured element by element (vdpcp.sketch)
 
 
 def _finite(value: float):

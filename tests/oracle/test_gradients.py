@@ -1,10 +1,14 @@
 """How the oracle compares parameter gradients (vdpcp.oracle._check_param_grads): summed over the CP group in buckets
 of at most precision.BUCKET elements (a larger parameter alone), in float64 element by element, the first parameter
-off named once, not every one after it."""
+off named once, not every one after it; below float64, a tower with more parameters than vdpcp.sketch.WIDTH as the
+sum of the ranks' count sketches."""
 
+import math
+
+import pytest
 import torch
 
-from vdpcp import oracle, precision
+from vdpcp import oracle, precision, sketch
 from vdpcp.case import RankResult
 
 
@@ -28,3 +32,40 @@ def test_parameters_go_in_runs_of_at_most_a_bucket_and_a_larger_one_alone():
     params = [torch.empty(1).expand(n) for n in (bucket // 2, bucket // 2, 1, 2 * bucket, 3)]  # sizes, no memory
     assert oracle._buckets(params) == [[0, 1], [2], [3], [4]]
     assert oracle._buckets([]) == []
+
+
+def _bf16_grads():
+    model = torch.nn.Sequential(torch.nn.Linear(40, 40), torch.nn.Linear(40, 1)).to(torch.bfloat16)
+    model(torch.randn(8, 40, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)).sum().backward()
+    return model, [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("off", [0.0, 0.8, 1.25])
+def test_a_tower_larger_than_the_sketch_is_summed_as_a_sketch_held_to_the_same_bound(monkeypatch, one_rank_sums, off):
+    monkeypatch.setattr(sketch, "WIDTH", 1024)  # the model's 1681 parameters take the sketch
+    model, grads = _bf16_grads()
+    gen = torch.Generator().manual_seed(1)
+    noise = [torch.randn(g.shape, generator=gen, dtype=torch.float64) for g in grads]
+    scale = off * precision.RTOL[torch.bfloat16] * precision.relative(grads, [torch.zeros_like(g) for g in grads]) / \
+        precision.relative(noise, [torch.zeros_like(n) for n in noise])
+    expected = [(g.double() + scale * n).to(torch.bfloat16) for g, n in zip(grads, noise)]
+    true = precision.relative(grads, expected) / precision.RTOL[torch.bfloat16]  # what an exact sum would measure
+    result = RankResult(0)
+    extra = torch.ones(3, dtype=torch.bfloat16)
+    (summed,) = oracle._check_param_grads(result, model, expected, None, [extra], torch.bfloat16, 0.0)
+    assert torch.equal(summed, extra) and math.isnan(result.param_grad_err)  # no element-wise figure: not measured
+    assert abs(true - off) < 0.1
+    if off <= 1:
+        assert result.failures == []
+    else:
+        (said,) = result.failures
+        assert said.startswith("param grads (summed over ranks): relative 2-norm error "), said
+        assert said.endswith("exceeds torch.bfloat16's rtol 0.016"), said
+
+
+def test_a_tower_no_larger_than_the_sketch_sums_its_gradients_as_they_are(monkeypatch, one_rank_sums):
+    monkeypatch.setattr(sketch, "WIDTH", 1681)
+    model, grads = _bf16_grads()
+    result = RankResult(0)
+    oracle._check_param_grads(result, model, grads, None, [], torch.bfloat16, 0.0)
+    assert result.failures == [] and result.param_grad_err == 0.0  # measured element by element: none off

@@ -1,0 +1,90 @@
+"""vdpcp.sketch: a count sketch is linear (so it commutes with the sum over ranks), estimates a squared 2-norm within
+its stated standard deviation, keeps a difference in a few elements exactly, and hashes alike on every call."""
+
+import math
+
+import pytest
+import torch
+
+from vdpcp import sketch
+
+
+def _vectors(seed: int, sizes=(300, 7, 1200)) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, generator=gen, dtype=torch.float64) for n in sizes]
+
+
+def _norm_sq(tensors) -> float:
+    return sum(float(t.double().square().sum()) for t in tensors)
+
+
+def test_the_sketch_of_a_sum_over_ranks_is_the_sum_of_the_ranks_sketches(monkeypatch):
+    monkeypatch.setattr(sketch, "WIDTH", 64)
+    ranks = [_vectors(seed) for seed in range(3)]
+    each = [sketch.sketch(zip(grads, [None] * 3), "cpu")[0] for grads in ranks]
+    summed = [sum(parts) for parts in zip(*ranks)]
+    of_sum, _ = sketch.sketch(zip(summed, [None] * 3), "cpu")
+    torch.testing.assert_close(of_sum, sum(each), rtol=0, atol=1e-12)
+    assert of_sum.abs().sum() > 0
+
+
+def test_got_and_want_are_hashed_alike_and_none_is_zeros(monkeypatch):
+    monkeypatch.setattr(sketch, "WIDTH", 64)
+    grads = _vectors(0)
+    got, want = sketch.sketch(zip(grads, grads), "cpu")
+    assert torch.equal(got, want)
+    again, nothing = sketch.sketch(zip(grads, [None] * 3), "cpu")
+    assert torch.equal(again, got) and not nothing.any()  # the same hash on every call
+
+
+def test_a_parameter_hashes_by_its_place_so_moving_values_between_parameters_shows():
+    a = torch.zeros(50, dtype=torch.float64)
+    a[3] = 1.0
+    first, _ = sketch.sketch(zip([a, torch.zeros(50)], [None, None]), "cpu")
+    second, _ = sketch.sketch(zip([torch.zeros(50), a], [None, None]), "cpu")
+    assert float((first - second).square().sum()) > 0
+
+
+@pytest.mark.parametrize("width", [1024, 4096])
+def test_the_squared_norm_estimate_is_unbiased_within_the_stated_deviation(monkeypatch, width):
+    monkeypatch.setattr(sketch, "WIDTH", width)
+    errors = []
+    for seed in range(24):
+        grads = _vectors(seed, sizes=(20_000, 3_000))
+        monkeypatch.setattr(sketch, "SEED", seed * 1_000)  # another hash each draw
+        got, _ = sketch.sketch(zip(grads, [None] * 2), "cpu")
+        errors.append(float(got.square().sum()) / _norm_sq(grads) - 1)
+    stated = math.sqrt(2 / width)
+    spread = math.sqrt(sum(e * e for e in errors) / len(errors))
+    assert 0.5 * stated < spread < 1.5 * stated, (spread, stated)  # the bound is the deviation, not loose
+    assert abs(sum(errors) / len(errors)) < 3 * stated / math.sqrt(len(errors))  # unbiased
+    assert max(abs(e) for e in errors) < 5 * stated
+
+
+def test_a_difference_in_one_element_is_kept_exactly(monkeypatch):
+    monkeypatch.setattr(sketch, "WIDTH", 256)
+    want = _vectors(1)
+    got = [t.clone() for t in want]
+    got[2][777] += 0.25
+    s_got, s_want = sketch.sketch(zip(got, want), "cpu")
+    assert float((s_got - s_want).square().sum()) == pytest.approx(0.25**2, rel=1e-9)
+
+
+def test_a_parameter_larger_than_a_chunk_is_hashed_chunk_by_chunk_and_estimated_alike(monkeypatch):
+    monkeypatch.setattr(sketch, "WIDTH", 4096)
+    monkeypatch.setattr(sketch, "CHUNK", 1000)
+    grads = _vectors(2, sizes=(25_001,))
+    got, _ = sketch.sketch(zip(grads, [None]), "cpu")
+    assert float(got.square().sum()) / _norm_sq(grads) == pytest.approx(1, abs=5 * math.sqrt(2 / 4096))
+    assert len({sketch.hash_seed(k, c) for k in range(3) for c in range(26)}) == 78
+
+
+def test_a_low_precision_gradient_sketches_in_float64():
+    grad = torch.full((10,), 1 + 2**-7, dtype=torch.bfloat16)
+    got, _ = sketch.sketch(zip([grad], [None]), "cpu")
+    assert got.dtype == torch.float64
+    assert sorted(got[got != 0].abs().tolist()) == [1 + 2**-7] * 10  # ten buckets of the 2**20: no collision here
+
+
+def test_it_pays_only_for_more_elements_than_its_width():
+    assert not sketch.pays(sketch.WIDTH) and sketch.pays(sketch.WIDTH + 1)
