@@ -1,0 +1,46 @@
+"""The oracle's sketched sum of parameter gradients over real gloo ranks (vdpcp.oracle._check_sketched_param_grads):
+the ranks' count sketches sum to the sketch of their gradients' sum, so a correct sum passes on every rank and one
+off fails on every rank. The toy towers sum their gradients as they are, so this is where the CPU suite runs the
+sketch across processes; the real-size towers take it on the GPU (reports/gpu/README.md)."""
+
+import pytest
+import torch
+
+from vdpcp import oracle, sketch
+from vdpcp.case import RankResult
+
+
+def _grads(rank: int):
+    torch.manual_seed(0)  # the same weights on every rank, its own input
+    model = torch.nn.Sequential(torch.nn.Linear(40, 40), torch.nn.Linear(40, 1)).to(torch.bfloat16)
+    x = torch.randn(8, 40, generator=torch.Generator().manual_seed(rank + 1)).to(torch.bfloat16)
+    model(x).sum().backward()
+    return model
+
+
+def sketched_sum(ctx, off: float):
+    model = _grads(ctx.rank)
+    every = [[p.grad.double() for p in _grads(r).parameters()] for r in range(ctx.world_size)]
+    expected = [(sum(parts) * (1 + off)).to(torch.bfloat16) for parts in zip(*every)]
+    width = sketch.WIDTH
+    sketch.WIDTH = 1024  # the model's 1681 parameters take the sketch; restored before the worker's next case
+    try:
+        result = RankResult(ctx.rank)
+        extra = torch.full((2,), float(ctx.rank + 1), dtype=torch.bfloat16)
+        (summed,) = oracle._check_param_grads(result, model, expected, None, [extra], torch.bfloat16, 0.0)
+    finally:
+        sketch.WIDTH = width
+    return result.failures, summed.tolist(), result.param_grad_err != result.param_grad_err
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("off", [0.0, 0.05])
+def test_the_ranks_sketches_sum_to_the_sketch_of_the_summed_gradients(run_ranks, off):
+    got = run_ranks(sketched_sum, 2, off)
+    for failures, summed, not_measured in got:
+        assert summed == [3.0, 3.0] and not_measured  # the extra tensors summed as ever; no element-wise figure
+        if off == 0:
+            assert failures == [], failures
+        else:
+            (said,) = failures
+            assert said.startswith("param grads (summed over ranks): relative 2-norm error 0.0"), said
