@@ -294,8 +294,9 @@ def check(case, source: str | None = None, device: str | None = None) -> Need:
 
     held = found.total if device == "cpu" else _on_one_gpu(found)
     if held > allowed:
+        needs = found.text(patches=False) if device == "cpu" else _gpu_text(found, held)
         raise SpecTooLarge(
-            f"{prefix}{_culprit(case.spec)}: at CP={case.cp}{_with_tower(case)} the case needs {found.text(patches=False)}, "
+            f"{prefix}{_culprit(case.spec)}: at CP={case.cp}{_with_tower(case)} the case needs {needs}, "
             f"over {where} of "
             f"{human(allowed)}; raise it with {FLAG} (pytest: --vdpcp-max-spec-bytes) or {ENV} where the machine has the memory")
     if device == "cpu":
@@ -325,9 +326,21 @@ def _with_tower(case) -> str:
 
 def _on_one_gpu(found: Need) -> int:
     """What the busiest GPU holds: one rank per GPU, or the ranks sharing each taking turns (vdpcp.oracle)."""
-    gpus = max(gpu_count(), 1)
-    per_gpu = -(-found.world // gpus)
+    per_gpu = _per_gpu(found)
     return found.colocated(turns=per_gpu > 1, ranks=per_gpu)
+
+
+def _per_gpu(found: Need) -> int:
+    return -(-found.world // max(gpu_count(), 1))
+
+
+def _gpu_text(found: Need, held: int) -> str:
+    """The figure a GPU refusal compared (what the busiest GPU holds), not every rank at its peak at once."""
+    per_gpu = _per_gpu(found)
+    sharing = (f"its {per_gpu} ranks taking turns for the unsharded arm, each resident up to "
+               f"{human(max(found.resident, default=0))}" if per_gpu > 1 else "one rank")
+    return (f"about {human(held)} on the busiest GPU ({sharing}; {found.world} rank{'s' if found.world > 1 else ''}, "
+            f"{found.dtype}; the unsharded encoder alone {human(found.unsharded)})")
 
 
 def declared_patch_bytes(case) -> int | None:

@@ -172,6 +172,21 @@ def test_the_refusal_names_the_one_image_that_is_too_large():
         budget.check(case, "x")
 
 
+@pytest.mark.parametrize("gpus", [1, 4])
+def test_a_gpu_refusal_states_the_figure_it_compared_what_the_busiest_gpu_holds(monkeypatch, gpus):
+    monkeypatch.setattr(budget, "gpu_count", lambda: gpus)
+    case = Case(spec([[16, 16], [16, 32]] * 4, name="eight"), 4)
+    found = budget.need(case, device="cuda")
+    held = found.colocated(turns=True) if gpus == 1 else found.per_rank
+    with budget.limited(held - 1), pytest.raises(SpecTooLarge) as refused:
+        budget.check(case, device="cuda")
+    text = str(refused.value)
+    assert f"the case needs about {budget.human(held)} on the busiest GPU (" in text, text
+    assert ("its 4 ranks taking turns for the unsharded arm" in text) == (gpus == 1), text
+    with budget.limited(held):
+        budget.check(case, device="cuda")  # what it compared: at that figure it fits
+
+
 def test_the_issues_hundred_thousand_small_images_are_refused_by_their_count():
     case = Case(spec([[16, 16]] * 100_000), 2)
     with pytest.raises(SpecTooLarge, match=r"field 'images' holds 100,000 images, 1,600,000 patches .*\(2 ranks x up to"):

@@ -64,6 +64,31 @@ def test_the_exact_run_in_chunks_measures_what_it_measures_whole():
     assert 0 < whole.params < 1e-5 and float(whole.outputs["features"].max()) < 1e-5  # float32 against float64
 
 
+@pytest.mark.parametrize("chunk", [10**9, 1])
+def test_the_exact_runs_own_share_is_its_own_losss_gradient_and_leaves_the_input_gradient_alone(chunk):
+    """The rank-alone expectation's exact figure accumulates over chunks apart from the summed loss's gradients."""
+    impl, case = resolve("reference"), Case(SPECS["video-and-images"], 2, dtype="float32")
+    model = impl.build_model(case, torch.float32, torch.device("cpu"))
+    batch = case.spec.tensors(dtype=torch.float32)
+    batch.patches.requires_grad_(True)
+    out = {"features": impl.encode(model, batch)}
+    gen = torch.Generator().manual_seed(0)
+    weights, own_weights = ({"features": torch.randn(out["features"].shape, generator=gen)} for _ in range(2))
+    (out["features"] * weights["features"]).sum().backward()
+    grads = [p.grad for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    exact = impl.build_model(case, torch.float64, torch.device("cpu"))
+    exact.load_state_dict(model.state_dict())
+    own_exact = torch.autograd.grad((impl.encode(exact, replace(batch, patches=batch.patches.detach().double()))
+                                     * own_weights["features"].double()).sum(), list(exact.parameters()), allow_unused=True)
+    own_exact = [torch.zeros_like(p) if g is None else g for p, g in zip(exact.parameters(), own_exact)]
+    alone = precision.measure(impl, model, batch, out, grads, own_exact, weights, own_weights, True, chunk=chunk)
+    without = precision.measure(impl, model, batch, out, grads, None, weights, None, True, chunk=chunk)
+    assert alone.own_params < 1e-12  # the same float64 gradient, summed over chunks
+    assert torch.equal(alone.input, without.input) and alone.params == without.params
+
+
 def test_rows_compare_each_within_rtol_and_its_own_slack_and_the_worst_is_named():
     expected = torch.ones(4, 8, dtype=torch.bfloat16)
     actual = expected.clone()
