@@ -27,7 +27,7 @@
 # Operators: cosmic-ray's core set, less those that only multiply runs: binary operators are replaced by their
 # inverse only (+ -, * /, // /, % //, ** *, | &), comparisons by their boundary and negation (< <=, < >=, == !=,
 # is is-not, in not-in), unary operators removed or negated, and VariableReplacer/Inserter (random values) left
-# out. 1,332 mutants over the thirteen modules. Lines marked "# pragma: no mutate" are skipped (none are, today).
+# out. 1,332 mutants over the thirteen modules of 2026-12-01, and sketch.py since. Lines marked "# pragma: no mutate" are skipped (none are, today).
 #
 # Surviving mutants are argued equivalent, or killed by a test, in docs/mutation.md; the ones argued equivalent
 # are listed in scripts/mutation-equivalent.txt as "module|operator|source line" (the line as written, stripped),
@@ -63,6 +63,8 @@ tests[oracle]="tests/oracle tests/unit/test_oracle_weights.py tests/distributed/
 module[precision]=vdpcp/precision.py
 tests[precision]="tests/unit/test_precision.py tests/oracle/test_rounding.py tests/oracle/test_precision_model.py
   tests/distributed/test_low_precision.py"
+module[sketch]=vdpcp/sketch.py
+tests[sketch]="tests/unit/test_sketch.py tests/oracle/test_gradients.py tests/distributed/test_sketched_sum.py"
 module[model_cache]=vdpcp/model_cache.py
 tests[model_cache]="tests/unit/test_model_cache.py"
 module[runner]=vdpcp/runner.py
@@ -100,7 +102,7 @@ tests[tensor_parallel]="$tp_tests
 module[reference]=vdpcp/impls/reference.py
 tests[reference]="$tp_tests
   tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case[gather-before-project]"
-ALL="expectations runner model_cache ab_judge saved capture impls layout reference tensor_parallel fuzz precision oracle"  # the order they run in
+ALL="expectations runner model_cache sketch ab_judge saved capture impls layout reference tensor_parallel fuzz precision oracle"  # the order they run in
 
 names=${*:-$ALL}
 for name in $names; do

@@ -12,7 +12,9 @@ from vdpcp import oracle, precision, sketch
 from vdpcp.case import RankResult
 
 
-def test_float64_parameter_gradients_off_name_the_first_parameter_off_once(one_rank_sums):
+@pytest.mark.parametrize("width", [sketch.WIDTH, 16])  # float64 sums the gradients themselves at any size
+def test_float64_parameter_gradients_off_name_the_first_parameter_off_once(monkeypatch, one_rank_sums, width):
+    monkeypatch.setattr(sketch, "WIDTH", width)
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)).double()
     model(torch.ones(2, 3, dtype=torch.float64)).sum().backward()
     expected = [p.grad.clone() for p in model.parameters()]

@@ -61,6 +61,14 @@ def test_the_squared_norm_estimate_is_unbiased_within_the_stated_deviation(monke
     assert max(abs(e) for e in errors) < 5 * stated
 
 
+def test_a_constant_gradient_is_estimated_alike_the_signs_cancel_what_collides(monkeypatch):
+    """A bias or a norm's gradient can be one value throughout: without random signs every collision would add."""
+    monkeypatch.setattr(sketch, "WIDTH", 1024)
+    flat = torch.full((20_000,), 0.5, dtype=torch.float64)
+    got, _ = sketch.sketch(zip([flat], [None]), "cpu")
+    assert float(got.square().sum()) / _norm_sq([flat]) == pytest.approx(1, abs=5 * math.sqrt(2 / 1024))
+
+
 def test_a_difference_in_one_element_is_kept_exactly(monkeypatch):
     monkeypatch.setattr(sketch, "WIDTH", 256)
     want = _vectors(1)
