@@ -49,14 +49,15 @@ def test_a_parameter_hashes_by_its_place_so_moving_values_between_parameters_sho
 def test_the_squared_norm_estimate_is_unbiased_within_the_stated_deviation(monkeypatch, width):
     monkeypatch.setattr(sketch, "WIDTH", width)
     errors = []
-    for seed in range(24):
+    for seed in range(64):
         grads = _vectors(seed, sizes=(20_000, 3_000))
         monkeypatch.setattr(sketch, "SEED", seed * 1_000)  # another hash each draw
         got, _ = sketch.sketch(zip(grads, [None] * 2), "cpu")
         errors.append(float(got.square().sum()) / _norm_sq(grads) - 1)
     stated = math.sqrt(2 / width)
     spread = math.sqrt(sum(e * e for e in errors) / len(errors))
-    assert 0.5 * stated < spread < 1.5 * stated, (spread, stated)  # the bound is the deviation, not loose
+    # the bound is the deviation, not loose: 64 draws measure it within about 9% (half the buckets would be 1.41)
+    assert 0.75 * stated < spread < 1.25 * stated, (spread, stated)
     assert abs(sum(errors) / len(errors)) < 3 * stated / math.sqrt(len(errors))  # unbiased
     assert max(abs(e) for e in errors) < 5 * stated
 
@@ -85,6 +86,17 @@ def test_a_parameter_larger_than_a_chunk_is_hashed_chunk_by_chunk_and_estimated_
     got, _ = sketch.sketch(zip(grads, [None]), "cpu")
     assert float(got.square().sum()) / _norm_sq(grads) == pytest.approx(1, abs=5 * math.sqrt(2 / 4096))
     assert len({sketch.hash_seed(k, c) for k in range(3) for c in range(26)}) == 78
+    last = torch.zeros(25_001, dtype=torch.float64)
+    last[-1] = 3.0  # alone in a short last chunk: hashed once, like every other element
+    got, _ = sketch.sketch(zip([last], [None]), "cpu")
+    assert float(got.square().sum()) == 9.0
+
+
+def test_the_shipped_width_and_chunk_keep_the_stated_accuracy_and_bytes():
+    """What the module's docstring promises: 0.14% relative deviation of the squared norm, 8 MB sent a rank, and
+    float64 temporaries of 32 MB a chunk."""
+    assert math.sqrt(2 / sketch.WIDTH) <= 0.0014
+    assert sketch.WIDTH * 8 <= 8 * 2**20 and sketch.CHUNK * 8 <= 32 * 2**20
 
 
 def test_a_low_precision_gradient_sketches_in_float64():
