@@ -13,6 +13,8 @@
 #              GPU: verdicts, seconds per case, each rank's peak against the budget (vdpcp bench towers)
 #                                                                                    -> real-bfloat16.txt, .json
 #   real-f32   the same in float32, TF32 as torch defaults it                         -> real-float32.txt, .json
+#              (REAL_CP: the CP sizes; REAL_S: the time limit; REAL_IMPL, REAL_K: some subjects, the case ids holding
+#              REAL_K, written as real-DTYPE-REAL_K.txt, .json)
 #   real-mutants  every named and generic mutant of the reference at the real size, bf16 -> real-mutants.txt, .json
 #   faults     what a faulted case costs over a passing one (vdpcp bench faults)    -> bench-faults.json
 #   ab         the A/B, flag on against off, CP 2 sharing the GPU, bf16, ViT-L-sized  -> ab.txt, ab.json, ab.png
@@ -89,11 +91,12 @@ bf16() {  # the built-ins together, each third-party subject alone; the per-case
     done
 }
 
-towers() {  # $1: the dtype
-    step "VDPCP_DEVICE=cuda vdpcp bench towers --cp ${REAL_CP:-2 4} --dtype $1 --backend gloo (every shipped subject, --tower real)"
-    VDPCP_DEVICE=cuda timeout "${REAL_S:-560}" python3 -m vdpcp bench towers --cp ${REAL_CP:-2 4} --dtype "$1" --backend gloo ${REAL_K:+-k "$REAL_K"} \
-        --json "$out/real-$1.json" >"$out/real-$1.txt" 2>&1
-    took $?; tail -12 "$out/real-$1.txt"
+towers() {  # $1: the dtype; REAL_IMPL and REAL_K narrow the selection, and a narrowed one is written under its own name
+    local name=real-$1${REAL_K:+-$REAL_K}
+    step "VDPCP_DEVICE=cuda vdpcp bench towers --cp ${REAL_CP:-2 4} --dtype $1 --backend gloo ${REAL_IMPL:+--impl $REAL_IMPL }${REAL_K:+-k $REAL_K }(--tower real)"
+    VDPCP_DEVICE=cuda timeout "${REAL_S:-560}" python3 -m vdpcp bench towers --cp ${REAL_CP:-2 4} --dtype "$1" --backend gloo \
+        ${REAL_IMPL:+--impl $REAL_IMPL} ${REAL_K:+-k "$REAL_K"} --json "$out/$name.json" >"$out/$name.txt" 2>&1
+    took $?; tail -12 "$out/$name.txt"
 }
 
 real() { towers bfloat16; }
