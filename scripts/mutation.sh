@@ -61,7 +61,7 @@ tests[oracle]="tests/oracle tests/unit/test_oracle_weights.py tests/distributed/
   tests/unit/test_duck_parts.py::test_a_duck_whose_stated_plan_is_not_what_ran_is_a_plan_mismatch
   tests/unit/test_model_cache.py::test_a_rank_reuses_its_model_in_the_next_case_and_a_case_that_changes_it_fails"
 module[precision]=vdpcp/precision.py
-tests[precision]="tests/unit/test_precision.py tests/oracle/test_rounding.py tests/oracle/test_precision_model.py
+tests[precision]="tests/unit/test_precision.py tests/unit/test_precision_figures.py tests/oracle/test_rounding.py tests/oracle/test_precision_model.py
   tests/distributed/test_low_precision.py"
 module[sketch]=vdpcp/sketch.py
 tests[sketch]="tests/unit/test_sketch.py tests/oracle/test_gradients.py tests/distributed/test_sketched_sum.py"

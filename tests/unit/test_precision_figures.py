@@ -1,0 +1,90 @@
+"""vdpcp.precision's figures, to the digit: the relative distances the slack is made of (at any magnitude, a tiny
+gradient's too), the slack being twice them, and the messages that state both bounds."""
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from vdpcp import precision
+from vdpcp.case import Case
+from vdpcp.impls import resolve
+from vdpcp.scenarios import SCENARIOS
+
+SPECS = {s.spec.name: s.spec for s in SCENARIOS}
+TINY = 1e-6  # a gradient's magnitude far under 1: a relative figure must not depend on it
+
+
+@pytest.mark.parametrize("scale", [1.0, TINY])
+def test_relative_is_the_two_norm_of_the_difference_over_the_exact_ones_at_any_magnitude(scale):
+    f64 = dict(dtype=torch.float64)
+    exact = [torch.tensor([3.0, 0.0], **f64) * scale, torch.tensor([[4.0]], **f64) * scale]  # |exact| = 5 scale
+    actual = [exact[0] + torch.tensor([0.0, 1.0], **f64) * scale, exact[1]]  # |difference| = scale
+    assert precision.relative(actual, exact) == pytest.approx(0.2, rel=1e-12)
+    assert precision.relative([None, exact[1]], exact) == pytest.approx(3 / 5, rel=1e-12)  # None: zeros
+    assert precision.relative([None], [None]) == 0.0
+    assert precision.relative(actual, [None, None]) > 1e290  # against nothing: as far as it gets, not a division error
+
+
+@pytest.mark.parametrize("scale", [1.0, TINY])
+def test_row_and_segment_relative_are_per_row_at_any_magnitude(scale):
+    exact = torch.tensor([[3.0, 4.0], [1.0, 0.0], [0.0, 2.0]], dtype=torch.float64) * scale
+    actual = exact + torch.tensor([[0.5, 0.0], [0.0, 0.0], [0.0, 1.0]], dtype=torch.float64) * scale
+    assert precision.row_relative(actual, exact).tolist() == pytest.approx([0.1, 0.0, 0.5], rel=1e-12)
+    packed = lambda t: t.reshape(1, 3, 2)  # noqa: E731  three patches [1, N, D]; segments [0, 2) and [2, 3)
+    got = precision.segment_relative(packed(actual), packed(exact), [0, 2, 3])
+    assert got.tolist() == pytest.approx([0.5 / math.sqrt(26), 0.5], rel=1e-12)
+    flat = precision.row_relative(torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64) * scale,
+                                  torch.tensor([1.0, 2.0, 2.0], dtype=torch.float64) * scale)
+    assert flat.tolist() == pytest.approx([0.0, 0.0, 1.0], rel=1e-12)  # a vector: each element a row
+
+
+def test_a_vector_within_rtol_plus_slack_passes_at_the_bound_and_the_message_states_both_bounds():
+    rtol = precision.RTOL[torch.bfloat16]
+    assert precision.compare_vector("param grads", (rtol + 0.1) ** 2, 1.0, torch.bfloat16, 0.1) is None  # at the bound
+    said = precision.compare_vector("param grads", 4.0, 100.0, torch.bfloat16, 0.1)  # 2 / 10: 0.2 > 0.016 + 0.1
+    assert said == ("param grads: relative 2-norm error 0.2 exceeds torch.bfloat16's rtol 0.016 + twice the unsharded "
+                    "run's own rounding (0.05)"), said
+    assert precision.compare_vector("p", 4.0, 100.0, torch.bfloat16, 0.0) == (
+        "p: relative 2-norm error 0.2 exceeds torch.bfloat16's rtol 0.016")
+
+
+def test_a_row_message_states_its_own_slack_halved_as_the_distance_it_measured():
+    expected = torch.ones(2, 4, dtype=torch.bfloat16)
+    actual = expected.clone()
+    actual[1] *= 1.25
+    said = precision.compare_rows("outputs", actual, expected, torch.tensor([0.0, 0.1]), "token")
+    assert said == ("outputs: 1 of 2 tokens off; token 1: relative 2-norm error 0.25 exceeds torch.bfloat16's rtol "
+                    "0.016 + twice the unsharded run's own rounding of that token (0.05)"), said
+
+
+def test_the_slack_of_every_quantity_is_twice_its_distance_from_the_exact_run():
+    impl, case = resolve("reference"), Case(SPECS["three-images"], 2, dtype="float32")
+    model = impl.build_model(case, torch.float32, torch.device("cpu"))
+    batch = case.spec.tensors(dtype=torch.float32)
+    batch.patches.requires_grad_(True)
+    out = {"features": impl.encode(model, batch)}
+    gen = torch.Generator().manual_seed(3)
+    weights, own_weights = ({"features": torch.randn(out["features"].shape, generator=gen)} for _ in range(2))
+    own = list(torch.autograd.grad((out["features"] * own_weights["features"]).sum(), list(model.parameters()),
+                                   retain_graph=True))
+    (out["features"] * weights["features"]).sum().backward()
+    grads = [p.grad for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    rounding = precision.measure(impl, model, batch, out, grads, own, weights, own_weights, True)
+
+    exact = impl.build_model(case, torch.float64, torch.device("cpu"))
+    exact.load_state_dict(model.state_dict())
+    patches = batch.patches.detach().double().requires_grad_(True)
+    features = impl.encode(exact, replace(batch, patches=patches))
+    own_exact = torch.autograd.grad((features * own_weights["features"].double()).sum(), list(exact.parameters()),
+                                    retain_graph=True)
+    (features * weights["features"].double()).sum().backward()
+    assert rounding.params == pytest.approx(2 * precision.relative(grads, [p.grad for p in exact.parameters()]), rel=1e-6)
+    assert rounding.own_params == pytest.approx(2 * precision.relative(own, own_exact), rel=1e-6)
+    assert torch.allclose(rounding.input, 2 * precision.segment_relative(batch.patches.grad, patches.grad,
+                                                                         batch.cu_seqlens), rtol=1e-6)
+    assert torch.allclose(rounding.outputs["features"], 2 * precision.row_relative(out["features"], features), rtol=1e-6)
+    assert 0 < rounding.params < 1e-5 and 0 < rounding.own_params < 1e-5
