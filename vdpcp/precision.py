@@ -52,10 +52,23 @@ def low(dtype: torch.dtype) -> bool:
 @contextmanager
 def highest_precision():
     """float32 matmuls and convolutions in full float32 (TF32 off in cuBLAS and cuDNN) for the block, then every
-    setting as it was: the exact run must be exact whatever the caller's training stack chose."""
+    setting as it was: the exact run must be exact whatever the caller's training stack chose.
+
+    torch >= 2.9 has its own switches (``fp32_precision``) beside the legacy flags, and a process that set TF32 through
+    them cannot read the legacy flags (a RuntimeError: "a mix of the legacy and new APIs"), so there only the new
+    switches are read and set."""
+    newer = _fp32_switches()
+    if newer:
+        saved = [(api, api.fp32_precision) for api in newer]
+        for api in newer:
+            api.fp32_precision = "ieee"
+        try:
+            yield
+        finally:
+            for api, value in saved:
+                api.fp32_precision = value
+        return
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-    newer = [(api, api.fp32_precision) for api in (matmul, getattr(cudnn, "conv", None))
-             if api is not None and hasattr(api, "fp32_precision")]  # torch >= 2.9's own switches, restored as they were
     saved = (matmul.allow_tf32, cudnn.allow_tf32, torch.get_float32_matmul_precision())
     matmul.allow_tf32 = cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
@@ -64,8 +77,15 @@ def highest_precision():
     finally:
         matmul.allow_tf32, cudnn.allow_tf32 = saved[:2]
         torch.set_float32_matmul_precision(saved[2])
-        for api, value in newer:
-            api.fp32_precision = value
+
+
+def _fp32_switches() -> list:
+    """torch's own float32 precision switches, where it has them (>= 2.9): cuBLAS matmuls, cuDNN convolutions and
+    RNNs, and the math attention kernel where there is one for it."""
+    backends = torch.backends
+    found = [getattr(backends.cuda, "matmul", None), getattr(backends.cudnn, "conv", None),
+             getattr(backends.cudnn, "rnn", None), getattr(backends.cuda, "math_sdp", None)]
+    return [api for api in found if api is not None and hasattr(api, "fp32_precision")]
 
 
 def in_effect(dtype: torch.dtype, device: torch.device) -> str:
@@ -76,12 +96,27 @@ def in_effect(dtype: torch.dtype, device: torch.device) -> str:
         return name
     matmul = torch.backends.cuda.matmul
     if dtype == torch.float32:
-        return (f"{name}, TF32 {'on' if torch.backends.cudnn.allow_tf32 else 'off'} in convolutions, "
-                f"{'on' if matmul.allow_tf32 else 'off'} in matmuls")
+        conv, mm = _tf32_in_effect()
+        return f"{name}, TF32 {'on' if conv else 'off'} in convolutions, {'on' if mm else 'off'} in matmuls"
     if dtype in (torch.bfloat16, torch.float16):
         reduced = getattr(matmul, f"allow_{'bf16' if dtype == torch.bfloat16 else 'fp16'}_reduced_precision_reduction")
         return f"{name}, reduced-precision reductions {'on' if reduced else 'off'}"
     return name
+
+
+def _tf32_in_effect() -> tuple[bool, bool]:
+    """(TF32 in cuDNN convolutions, in cuBLAS matmuls): from torch's own switches where it has them (an op's "none"
+    defers to its backend's, then to the global one), else from the legacy flags."""
+    backends = torch.backends
+    conv = getattr(backends.cudnn, "conv", None)
+    if conv is None or not hasattr(conv, "fp32_precision"):
+        return bool(backends.cudnn.allow_tf32), bool(backends.cuda.matmul.allow_tf32)
+
+    def tf32(*chain) -> bool:
+        values = [getattr(api, "fp32_precision", "none") for api in chain]
+        return next((v for v in values if v != "none"), "ieee") == "tf32"
+
+    return tf32(conv, backends.cudnn, backends), tf32(backends.cuda.matmul, backends.cuda, backends)
 
 
 # --- what the unsharded run measures of its own rounding --------------------------------------------------

@@ -88,3 +88,45 @@ def test_the_slack_of_every_quantity_is_twice_its_distance_from_the_exact_run():
                                                                          batch.cu_seqlens), rtol=1e-6)
     assert torch.allclose(rounding.outputs["features"], 2 * precision.row_relative(out["features"], features), rtol=1e-6)
     assert 0 < rounding.params < 1e-5 and 0 < rounding.own_params < 1e-5
+
+
+NEW_API = hasattr(torch.backends.cuda.matmul, "fp32_precision")
+
+
+@pytest.mark.skipif(not NEW_API, reason="torch < 2.9 has no fp32_precision (the legacy flags: tests/unit/test_precision.py)")
+@pytest.mark.parametrize("stack", ["new", "legacy"])
+def test_the_exact_run_sets_torchs_own_switches_to_ieee_and_back_whichever_api_the_stack_used(stack):
+    """A training stack that set TF32 through torch >= 2.9's switches cannot read the legacy flags (torch raises on
+    the mix): the exact run must neither read them nor leave either API changed."""
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    saved = (matmul.fp32_precision, conv.fp32_precision, torch.get_float32_matmul_precision())
+    try:
+        if stack == "new":
+            matmul.fp32_precision, conv.fp32_precision = "tf32", "tf32"
+        else:
+            matmul.allow_tf32 = True
+        before = (matmul.fp32_precision, conv.fp32_precision)
+        assert precision.in_effect(torch.float32, torch.device("cuda")) == \
+            "float32, TF32 on in convolutions, on in matmuls"
+        with precision.highest_precision():
+            assert all(api.fp32_precision == "ieee" for api in precision._fp32_switches())
+            assert precision.in_effect(torch.float32, torch.device("cuda")) == \
+                "float32, TF32 off in convolutions, off in matmuls"
+        assert (matmul.fp32_precision, conv.fp32_precision) == before
+        if stack == "legacy":
+            assert matmul.allow_tf32 and torch.backends.cudnn.allow_tf32  # the legacy flags read as they were
+    finally:
+        matmul.fp32_precision, conv.fp32_precision = saved[:2]
+        torch.set_float32_matmul_precision(saved[2])
+        matmul.fp32_precision = saved[0]
+
+
+def test_a_zero_row_off_is_named_with_its_error_over_nothing_and_empty_tensors_differ_by_nothing():
+    expected = torch.zeros(2, 3, dtype=torch.float32)
+    expected[0] = 1.0
+    actual = expected.clone()
+    actual[1, 0] = 0.5  # the zero row 1 is off, over the floor of ZERO_ROW x rtol x the largest row
+    said = precision.compare_rows("outputs", actual, expected, None, "token")
+    assert said.startswith("outputs: 1 of 2 tokens off; token 1: relative 2-norm error 5e+299 exceeds"), said
+    empty = torch.zeros(0, 4)
+    assert precision.max_abs(empty, empty) == 0.0 and precision.max_abs(empty, torch.zeros(0, 5)) == math.inf
