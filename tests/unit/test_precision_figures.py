@@ -130,3 +130,61 @@ def test_a_zero_row_off_is_named_with_its_error_over_nothing_and_empty_tensors_d
     assert said.startswith("outputs: 1 of 2 tokens off; token 1: relative 2-norm error 5e+299 exceeds"), said
     empty = torch.zeros(0, 4)
     assert precision.max_abs(empty, empty) == 0.0 and precision.max_abs(empty, torch.zeros(0, 5)) == math.inf
+
+
+def test_relative_skips_only_a_pair_both_none_and_goes_on_with_the_rest():
+    e = [torch.tensor([3.0, 4.0], dtype=torch.float64)]
+    a = [e[0] + torch.tensor([0.0, 0.5], dtype=torch.float64)]
+    assert precision.relative([None] + a, [None] + e) == precision.relative(a, e) == pytest.approx(0.1, rel=1e-12)
+
+
+def test_relative_figures_against_a_zero_row_are_huge_and_finite_never_inf_or_nan():
+    exact = torch.zeros(2, 2, dtype=torch.float64)
+    exact[0, 0] = 1.0
+    actual = exact.clone()
+    actual[1, 1] = 1e-3
+    rows = precision.row_relative(actual, exact)
+    assert rows[0] == 0.0 and 1e290 < rows[1] < math.inf
+    assert precision.row_relative(exact, exact).tolist() == [0.0, 0.0]  # zero against zero: 0, not nan
+    segments = precision.segment_relative(actual.reshape(1, 2, 2), exact.reshape(1, 2, 2), [0, 1, 2])
+    assert segments[0] == 0.0 and 1e290 < segments[1] < math.inf
+    assert precision.segment_relative(exact.reshape(1, 2, 2), exact.reshape(1, 2, 2), [0, 1, 2]).tolist() == [0.0, 0.0]
+
+
+def test_a_vector_message_states_the_relative_error_whatever_the_scale():
+    said = precision.compare_vector("p", 1e-6, 1e-4, torch.bfloat16, 0.0)  # 0.001 / 0.01 = 0.1
+    assert said == "p: relative 2-norm error 0.1 exceeds torch.bfloat16's rtol 0.016", said
+    said = precision.compare_vector("p", 4.0, 0.0, torch.bfloat16, 0.0)  # against nothing
+    assert said == "p: relative 2-norm error 2e+300 exceeds torch.bfloat16's rtol 0.016", said
+
+
+def test_max_abs_is_the_largest_absolute_difference():
+    a = torch.tensor([[1.0, -2.0], [0.5, 4.0]])
+    e = torch.tensor([[1.5, -2.0], [0.5, 1.0]])
+    assert precision.max_abs(a, e) == 3.0 and precision.max_abs(a, a) == 0.0
+
+
+def test_the_zero_row_floor_is_a_share_of_the_largest_rows_rtol():
+    rtol = precision.RTOL[torch.float32]
+    expected = torch.zeros(2, 4, dtype=torch.float64)
+    expected[0] = 5.0  # the largest row: norm 10
+    floor = precision.ZERO_ROW * rtol * 10.0
+    for off, passes in ((0.5 * floor, True), (2 * floor, False)):
+        actual = expected.clone()
+        actual[1, 0] = off  # the zero row, off by less or more than the floor
+        said = precision.compare_rows("outputs", actual.float(), expected.float(), None, "token")
+        assert (said is None) == passes, (off, said)
+    nothing = torch.zeros(3, 4)
+    assert precision.compare_rows("outputs", nothing, nothing, None) is None  # no error is never over the bound
+
+
+def test_the_row_named_is_the_one_furthest_over_its_own_bound():
+    rtol = precision.RTOL[torch.float32]
+    expected = torch.zeros(2, 1, dtype=torch.float64)
+    expected[:, 0] = torch.tensor([100.0, 1.0])
+    floor = precision.ZERO_ROW * rtol * 100.0
+    actual = expected.clone()
+    actual[0, 0] += 3.2 * (rtol * 100.0 + floor)  # 3.2 times its bound, the larger error
+    actual[1, 0] += 3.5 * (rtol * 1.0 + floor)  # 3.5 times its bound: the worst
+    said = precision.compare_rows("outputs", actual.float(), expected.float(), None, "token")
+    assert said.startswith("outputs: 2 of 2 tokens off; token 1: "), said
