@@ -111,6 +111,9 @@ _UNRECEIVED = []  # a rank's pending send, held: its worker is re-forked, so the
 def raise_with_a_send_unreceived(ctx):
     if ctx.rank == 0:  # a later recv from rank 0 must not get this 7
         _UNRECEIVED.append(dist.isend(torch.full((1,), 7.0), 1, group=ctx.group))
+    # Rank 1 raises only once the send is issued: raising at once, it raced rank 0's isend on a loaded machine
+    # (rank 0 then never returned from it: 3 of 6 CI runs one afternoon). The barrier is on both ranks, the send on one.
+    dist.barrier(group=ctx.group)
     raise ValueError("raised with a send unreceived")
 
 
