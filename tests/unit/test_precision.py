@@ -6,11 +6,8 @@ import pytest
 import torch
 
 from vdpcp import precision
-from vdpcp.case import Case
-from vdpcp.impls import resolve
-from vdpcp.scenarios import SCENARIOS
 
-SPECS = {s.spec.name: s.spec for s in SCENARIOS}
+from .precision_runs import SPECS, exact_copy, unsharded_run
 
 
 @pytest.mark.skipif(hasattr(torch.backends.cuda.matmul, "fp32_precision"),
@@ -48,16 +45,8 @@ def test_chunks_are_whole_media_items_in_order_each_as_small_as_the_chunk_allows
 
 def test_the_exact_run_in_chunks_measures_what_it_measures_whole():
     """A tower encodes each image on its own, so the exact run may go a few images at a time: the same figures."""
-    impl, case = resolve("reference"), Case(SPECS["video-and-images"], 2, dtype="float32")
-    model = impl.build_model(case, torch.float32, torch.device("cpu"))
-    batch = case.spec.tensors(dtype=torch.float32)
-    batch.patches.requires_grad_(True)
-    out = {"features": impl.encode(model, batch)}
-    weights = {"features": torch.randn(out["features"].shape, generator=torch.Generator().manual_seed(0))}
-    (out["features"] * weights["features"]).sum().backward()
-    grads = [p.grad for p in model.parameters()]
-    for p in model.parameters():
-        p.grad = None
+    run = unsharded_run("video-and-images", seed=0)
+    impl, model, batch, out, grads, weights = run.impl, run.model, run.batch, run.out, run.grads, run.weights
     whole, chunked = (precision.measure(impl, model, batch, out, grads, None, weights, None, True, chunk=c)
                       for c in (10**9, 1))
     assert whole.params == pytest.approx(chunked.params, rel=1e-6)
@@ -69,19 +58,9 @@ def test_the_exact_run_in_chunks_measures_what_it_measures_whole():
 @pytest.mark.parametrize("chunk", [10**9, 1])
 def test_the_exact_runs_own_share_is_its_own_losss_gradient_and_leaves_the_input_gradient_alone(chunk):
     """The rank-alone expectation's exact figure accumulates over chunks apart from the summed loss's gradients."""
-    impl, case = resolve("reference"), Case(SPECS["video-and-images"], 2, dtype="float32")
-    model = impl.build_model(case, torch.float32, torch.device("cpu"))
-    batch = case.spec.tensors(dtype=torch.float32)
-    batch.patches.requires_grad_(True)
-    out = {"features": impl.encode(model, batch)}
-    gen = torch.Generator().manual_seed(0)
-    weights, own_weights = ({"features": torch.randn(out["features"].shape, generator=gen)} for _ in range(2))
-    (out["features"] * weights["features"]).sum().backward()
-    grads = [p.grad for p in model.parameters()]
-    for p in model.parameters():
-        p.grad = None
-    exact = impl.build_model(case, torch.float64, torch.device("cpu"))
-    exact.load_state_dict(model.state_dict())
+    run = unsharded_run("video-and-images", seed=0)
+    impl, model, batch, out, grads = run.impl, run.model, run.batch, run.out, run.grads
+    weights, own_weights, exact = run.weights, run.own_weights, exact_copy(run)
     own_exact = torch.autograd.grad((impl.encode(exact, replace(batch, patches=batch.patches.detach().double()))
                                      * own_weights["features"].double()).sum(), list(exact.parameters()), allow_unused=True)
     own_exact = [torch.zeros_like(p) if g is None else g for p, g in zip(exact.parameters(), own_exact)]

@@ -8,11 +8,9 @@ import pytest
 import torch
 
 from vdpcp import precision
-from vdpcp.case import Case
-from vdpcp.impls import resolve
-from vdpcp.scenarios import SCENARIOS
 
-SPECS = {s.spec.name: s.spec for s in SCENARIOS}
+from .precision_runs import exact_copy, unsharded_run
+
 TINY = 1e-6  # a gradient's magnitude far under 1: a relative figure must not depend on it
 
 
@@ -60,23 +58,12 @@ def test_a_row_message_states_its_own_slack_halved_as_the_distance_it_measured()
 
 
 def test_the_slack_of_every_quantity_is_twice_its_distance_from_the_exact_run():
-    impl, case = resolve("reference"), Case(SPECS["three-images"], 2, dtype="float32")
-    model = impl.build_model(case, torch.float32, torch.device("cpu"))
-    batch = case.spec.tensors(dtype=torch.float32)
-    batch.patches.requires_grad_(True)
-    out = {"features": impl.encode(model, batch)}
-    gen = torch.Generator().manual_seed(3)
-    weights, own_weights = ({"features": torch.randn(out["features"].shape, generator=gen)} for _ in range(2))
-    own = list(torch.autograd.grad((out["features"] * own_weights["features"]).sum(), list(model.parameters()),
-                                   retain_graph=True))
-    (out["features"] * weights["features"]).sum().backward()
-    grads = [p.grad for p in model.parameters()]
-    for p in model.parameters():
-        p.grad = None
-    rounding = precision.measure(impl, model, batch, out, grads, own, weights, own_weights, True)
+    run = unsharded_run("three-images", seed=3, own=True)
+    impl, batch, out, grads, own = run.impl, run.batch, run.out, run.grads, run.own
+    rounding = precision.measure(impl, run.model, batch, out, grads, own, run.weights, run.own_weights, True)
 
-    exact = impl.build_model(case, torch.float64, torch.device("cpu"))
-    exact.load_state_dict(model.state_dict())
+    exact = exact_copy(run)
+    weights, own_weights = run.weights, run.own_weights
     patches = batch.patches.detach().double().requires_grad_(True)
     features = impl.encode(exact, replace(batch, patches=patches))
     own_exact = torch.autograd.grad((features * own_weights["features"].double()).sum(), list(exact.parameters()),
