@@ -20,9 +20,11 @@ An implementation is an object (subclass ``Implementation``, or any object with 
 - the sharded encode, ``encode_sharded(model, inputs, config, group)``: on every rank of the CP ``group``,
   the same outputs, gathered, in global image order. With ``config.shard_vision`` False (CP=1, or the
   opt-out) it must issue no collective and return the unsharded result; ``group`` is then still the case's
-  CP group (one rank at CP=1). A ``config.context_parallel_size`` that disagrees with the group must raise,
-  on every rank and before any collective, an error whose text contains
-  "vision_dp_over_cp does not match its process group" (``check_group`` does exactly that).
+  CP group (one rank at CP=1). A configured ``context_parallel_size`` of 1 turns the feature off, whatever the
+  group (the design: "it self-disables when context_parallel_size == 1 ... and reports no error"). A configured
+  ``context_parallel_size`` above 1 that disagrees with the group must raise, on every rank and before any
+  collective, the implementation's ``mismatch_error`` (by default ``check_group``'s: a GroupMismatchError whose
+  text contains "vision_dp_over_cp does not match its process group" and names both sizes).
 
 Outputs: one tensor [tokens, hidden], or several over the same token rows (a tuple, the first being the
 main features, or a dict name -> tensor, e.g. merged features and DeepStack levels). Every output is compared
@@ -59,6 +61,22 @@ Optional parts:
   sized with it before anything is built, and refused over the limit; ``param_count(case)``: its parameters (for
   the same sizing: a rank holds the model and up to three sets of its gradients); ``full_attention(case)``:
   (layers that attend over a whole image, heads), for the n x n scores a float64 run keeps on a GPU.
+
+What it declares about itself, so the judge is fair to it (each default is the design's rule):
+
+- ``mismatch_error``: a ``MismatchError(kind, text, names_sizes)``: the exception class name and a text its
+  message contains, raised on every rank before any collective when the configured CP size (above 1) disagrees
+  with the group. Default ``CHECK_GROUP_ERROR`` (``check_group``'s; ``names_sizes``: the message must also say
+  "context_parallel_size=N" and "M ranks", which only ``check_group``'s wording promises);
+- ``checks_cp1``: True where a configured CP of 1 on a larger group is an error to it too (it raises its
+  ``mismatch_error``); by default CP 1 is the design's silent no-op: no error, every rank encodes everything, the
+  outputs equal the unsharded ones;
+- ``forward_only``: an inference engine's tower (its gather has no autograd, say): its cases check the outputs,
+  which rank's tower read which row, and the plan; gradients are reported "not checked", never as errors;
+- ``empty_rank_may_skip``: a rank with no real rows may skip its tower. The default is the design's rule (every
+  rank runs its tower, placeholders and all: a tensor-parallel or FSDP peer inside it would hang otherwise); only
+  a tower with no collective inside may say so;
+- ``media.even_grids`` (``MediaAxes``): its tower takes even patch grids only.
 
 Nothing else in vdpcp branches on an implementation's name.
 """
@@ -97,9 +115,24 @@ class GroupMismatchError(ValueError):
     """The configured CP size disagrees with the process group the split would run on."""
 
 
+@dataclass(frozen=True)
+class MismatchError:
+    """The error an implementation raises on every rank, before any collective, when the configured CP size
+    disagrees with its process group: the exception's class name (``kind``), a ``text`` its message contains, and
+    whether the message also names both sizes in vdpcp's words ("context_parallel_size=N", "M ranks")."""
+
+    kind: str
+    text: str
+    names_sizes: bool = False
+
+
+CHECK_GROUP_ERROR = MismatchError("GroupMismatchError", GROUP_MISMATCH_TEXT, names_sizes=True)
+
+
 def check_group(config: VisionDPConfig, group_size: int, name: str) -> None:
-    """Raise GroupMismatchError (locally, so every rank raises and none hangs) on a CP size mismatch."""
-    if config.context_parallel_size != group_size:
+    """Raise GroupMismatchError (locally, so every rank raises and none hangs) on a CP size mismatch. A configured
+    CP of 1 is no mismatch: the feature is off, as the design says, and every rank encodes everything."""
+    if config.context_parallel_size > 1 and config.context_parallel_size != group_size:
         raise GroupMismatchError(
             f"{name}: {GROUP_MISMATCH_TEXT}: "
             f"context_parallel_size={config.context_parallel_size} but the CP group has {group_size} ranks"
@@ -164,7 +197,8 @@ class MediaAxes:
     ``patch_dim``: pixels per patch side (the matrix's sizes are scaled to it, patch grids unchanged);
     ``temporal_patch_sizes``: the spec's tubelet sizes T it encodes as such (None: any; a video scenario at
     another T runs at the largest of these not above it); ``min_grid``: the smallest patch-grid side an image
-    may have; ``min_rows_per_rank``: patch rows per rank below which it takes another path (a local padding
+    may have; ``even_grids``: its unsharded tower takes even patch grids only (the matrix's images get even grids,
+    while the split's placeholders stay as the split makes them, odd ones too); ``min_rows_per_rank``: patch rows per rank below which it takes another path (a local padding
     floor, say), so the matrix adds microbatches that give every rank more.
     """
 
@@ -172,6 +206,7 @@ class MediaAxes:
     temporal_patch_sizes: tuple[int, ...] | None = None
     min_grid: int = 1
     min_rows_per_rank: int = 0
+    even_grids: bool = False
 
 
 class Implementation:
@@ -182,6 +217,10 @@ class Implementation:
     preload: tuple[str, ...] = ()
     tensor_parallel: tuple[int, ...] = ()  # TP sizes its build_model supports (case.tp), for the CP x TP layouts
     media: MediaAxes = MediaAxes()
+    mismatch_error: MismatchError = CHECK_GROUP_ERROR
+    checks_cp1: bool = False  # a configured CP of 1 on a larger group raises mismatch_error (default: the no-op)
+    forward_only: bool = False  # an inference tower: gradients are not checked
+    empty_rank_may_skip: bool = False  # its tower holds no collective, so a rank with no real rows may skip it
 
     @property
     def towers(self) -> Mapping[str, MediaAxes]:
@@ -278,7 +317,7 @@ def toy_tower(case):
 REQUIRED = ("name", "encode", "encode_sharded")
 PROTOCOL = REQUIRED + ("build_model", "model_key", "subject_model", "inputs", "plan", "replicated", "known_limit", "splits",
                        "media", "towers", "scenarios", "preload", "tensor_parallel", "patch_bytes", "param_count",
-                       "full_attention")
+                       "full_attention", "mismatch_error", "checks_cp1", "forward_only", "empty_rank_may_skip")
 
 
 class OutputsError(TypeError):

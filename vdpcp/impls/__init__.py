@@ -14,6 +14,7 @@ import importlib
 from importlib.metadata import entry_points
 
 from vdpcp.protocol import (
+    CHECK_GROUP_ERROR,
     GLOO_NN_SUBGROUP,
     GROUP_MISMATCH_TEXT,
     REQUIRED,
@@ -22,6 +23,7 @@ from vdpcp.protocol import (
     Implementation,
     KnownLimit,
     MediaAxes,
+    MismatchError,
     Ownership,
     VisionDPConfig,
     check_group,
@@ -35,8 +37,8 @@ SHIPPED = {"reference": "vdpcp.impls.reference:reference", "mcore": "vdpcp.impls
            "qwen2_5_vl": "vdpcp.impls.qwen2_5_vl:qwen2_5_vl", "automodel": "vdpcp.impls.automodel:automodel",
            "automodel-shipped": "vdpcp.impls.automodel:automodel_shipped"}
 
-__all__ = ["GLOO_NN_SUBGROUP", "GROUP_MISMATCH_TEXT", "GroupMismatchError", "ImplError", "Implementation", "KnownLimit",
-           "MediaAxes", "Ownership", "VisionDPConfig",
+__all__ = ["CHECK_GROUP_ERROR", "GLOO_NN_SUBGROUP", "GROUP_MISMATCH_TEXT", "GroupMismatchError", "ImplError", "Implementation", "KnownLimit",
+           "MediaAxes", "MismatchError", "Ownership", "VisionDPConfig",
            "available", "check_group", "resolve"]
 
 
