@@ -114,6 +114,9 @@ class RankResult:
     # The unsharded encoder itself raised (e.g. an odd real grid with even padding off): the spec cannot be
     # encoded at all, so the case says nothing about sharding and is neither a pass nor a sharding failure.
     unsharded_error: str | None = None
+    # Why a case that asks for gradients did not check them: a forward-only implementation (Implementation.forward_only),
+    # or unsharded outputs with no autograd graph. Not a verdict: outputs, who read what and the plan were checked.
+    unchecked_grads: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -1,4 +1,5 @@
-"""Everything that crosses ranks goes through here: the autograd gather of projected features.
+"""Everything that crosses ranks goes through here: the autograd gather of projected features, the sums the
+oracle takes over ranks, and the count of collectives a subject issued on its group.
 
 The gather restores the global feature set, in image order, from uneven rank shards. Forward pads every
 shard to the longest and all-gathers (gloo has no uneven list-form all_to_all, and a padded all_gather
@@ -75,3 +76,28 @@ def all_reduce_sums(tensors: list[torch.Tensor], group=None) -> list[torch.Tenso
     flat = torch.cat([t.detach().reshape(-1).to(wide) for t in tensors])  # a copy: never reduced in place
     dist.all_reduce(flat, group=group)
     return [part.view(t.shape).to(t.dtype) for part, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
+
+
+class Collectives:
+    """Counts the collectives issued on ``group`` while inside (``count``; 0 where it cannot be told: no process
+    group, or a torch without the counter). Each c10d process group numbers the collectives issued on it, gloo's and
+    NCCL's alike, whoever calls them (the subject's own dist.all_gather as much as an autograd gather): that number
+    is read before and after. Collectives on another group (MCore's own CP group, say) are not seen; what each rank's
+    tower read is (the oracle's read table)."""
+
+    def __init__(self, group):
+        self.group, self.count = group, 0
+
+    def _number(self) -> int | None:
+        if self.group is None or not dist.is_initialized():
+            return None
+        number = getattr(self.group, "_get_sequence_number_for_group", None)  # torch's own, since 1.10
+        return number() if number is not None else None
+
+    def __enter__(self) -> Collectives:
+        self._start = self._number()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        end = self._number()
+        self.count = end - self._start if None not in (self._start, end) else 0

@@ -3,7 +3,8 @@
 Expectations are decided from the case's shape, its implementation and the backend it ran on, never from a
 previous run:
 - pass, for almost everything;
-- the documented error on every rank, for a config CP that disagrees with the process group;
+- the implementation's documented error (``mismatch_error``) on every rank, for a configured CP above 1 that
+  disagrees with the process group (a configured CP of 1 is the design's silent no-op, unless ``checks_cp1``);
 - a strict xfail for a known upstream limit the implementation declares, which must fail in exactly the
   known way: every failure it reports carries the limit's signature (the case's name and plan lines do not
   count), so another bug on a known-limit case still fails it, and an unexpected pass means the limit is
@@ -16,7 +17,7 @@ import re
 
 from vdpcp.budget import resource_failure
 from vdpcp.case import Case
-from vdpcp.impls import GROUP_MISMATCH_TEXT, KnownLimit, resolve
+from vdpcp.impls import KnownLimit, resolve
 
 # Every verdict, the most telling first: a case's verdict is the first that applies. The runner decides those of
 # a run (vdpcp.runner.CaseResult.verdict); the judge adds JUDGED, which need the case's expectation: xfail (a known
@@ -34,29 +35,39 @@ KNOWN_LIMIT_GRACE_S = 0.1
 
 
 def known_limit(case: Case, backend: str) -> KnownLimit | None:
-    """The upstream limit this case runs into on ``backend`` ("gloo" or "nccl"), as its implementation says."""
-    if case.config_cp is not None:
+    """The upstream limit this case runs into on ``backend`` ("gloo" or "nccl"), as its implementation says. A
+    limit that only the backward meets (``grads_only``) is none of an outputs-only case's, whatever the
+    implementation answers for it: the matrix runs such a case precisely because its outputs are still checked."""
+    if expects_group_error(case):
         return None  # a mismatch must raise the documented error, whatever else the case would run into
-    return resolve(case.impl).known_limit(case, backend)
+    limit = resolve(case.impl).known_limit(case, backend)
+    return None if limit is not None and limit.grads_only and not case.grads else limit
 
 
 def expects_group_error(case: Case) -> bool:
-    return case.config_cp is not None and case.config_cp != case.cp
+    """A configured CP size that disagrees with the group; a configured CP of 1 only where the implementation
+    validates it (``checks_cp1``): by the design, CP 1 turns the feature off and reports no error."""
+    if case.config_cp is None or case.config_cp == case.cp:
+        return False
+    return case.config_cp > 1 or resolve(case.impl).checks_cp1
 
 
 def group_error_problems(case: Case, text: str) -> list[str]:
-    """What the failure text of a process-group mismatch case lacks: the documented error from every rank."""
-    problems = []
-    if GROUP_MISMATCH_TEXT not in text:
-        problems.append(f"no rank reported {GROUP_MISMATCH_TEXT!r}")
-    said = re.findall(rf"{re.escape(GROUP_MISMATCH_TEXT)}[^;\n]*", text)  # the errors' own words, not the harness's
-    for size in (f"context_parallel_size={case.config_cp}", f"{case.cp} ranks"):
-        if not any(size in words for words in said):
-            problems.append(f"the error does not name {size!r}")
+    """What the failure text of a process-group mismatch case lacks: the implementation's documented error
+    (``mismatch_error``: its class and text; both sizes in vdpcp's words where it promises them) from every rank."""
+    error, problems = resolve(case.impl).mismatch_error, []
+    if error.text not in text:
+        problems.append(f"no rank reported {error.text!r}")
+    if error.names_sizes:
+        said = re.findall(rf"{re.escape(error.text)}[^;\n]*", text)  # the errors' own words, not the harness's
+        for size in (f"context_parallel_size={case.config_cp}", f"{case.cp} ranks"):
+            if not any(size in words for words in said):
+                problems.append(f"the error does not name {size!r}")
     headline = text.splitlines()[0] if text else ""
+    raised = rf"raised (?:[\w.]*\.)?{re.escape(error.kind)}: [^;]*{re.escape(error.text)}"
     for rank in range(case.world_size):
-        if not re.search(rf"rank {rank} raised [\w.]*(Error|Exception): [^;]*{GROUP_MISMATCH_TEXT}", headline):
-            problems.append(f"rank {rank} did not raise the documented error")
+        if not re.search(rf"rank {rank} {raised}", headline):
+            problems.append(f"rank {rank} did not raise the documented {error.kind}")
     if "hung" in headline:
         problems.append("a rank hung")
     return problems
@@ -79,7 +90,8 @@ def judge(result) -> tuple[str, str]:
     if limit is None:
         if result.verdict == "replicated":
             return "replicated", next(f"by its policy: {r.replicated}" for r in result.ranks if r.replicated)
-        return result.verdict, ""
+        unchecked = getattr(result, "unchecked_grads", None)
+        return result.verdict, f"gradients not checked: {unchecked}" if unchecked and result.passed else ""
     if result.passed:
         return "xpass", f"expected to fail ({limit.name}) but passed: {limit.reason}"
     otherwise = [failure for failure in result.failures if not limit.shows(failure)]

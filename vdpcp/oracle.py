@@ -69,6 +69,8 @@ class Unsharded:
     weights: dict[str, list[torch.Tensor]]
     sharded: bool
     rounding: precision.Rounding
+    graph: dict[str, bool]  # which outputs had an autograd graph (an encoder may return a bare tensor for no rows)
+    gradients: bool  # whether the arms' gradients are checked (gradients_checked)
 
 
 def check(ctx, case: Case, impl, groups) -> RankResult:
@@ -133,7 +135,9 @@ def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, 
         except Exception as err:
             result.unsharded_error = f"{type(err).__name__}: {err}"
             return None
-    if not case.grads:  # no backward: let its graph (every activation of the arm) go now
+    graph = {name: t.requires_grad for name, t in out.items()}
+    gradients = gradients_checked(impl, case, out, result)
+    if not gradients:  # no backward: let its graph (every activation of the arm) go now
         out = {name: t.detach() for name, t in out.items()}
     # What the case expects: sharded, or encoded whole on every rank (CP=1, the opt-out, or the implementation's
     # own fallback policy below some size).
@@ -144,7 +148,7 @@ def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, 
                for i, (name, t) in enumerate(out.items())}
     summed = {name: sum(w) for name, w in weights.items()}
     own_weights, own_grads = None, None
-    if case.grads:
+    if gradients:
         own_weights = {name: _own_weight(plan, sharded, w, cp_rank, device) for name, w in weights.items()}
         if all(w is not None for w in own_weights.values()):
             own_grads = _param_grads(model, weighted(out, own_weights))
@@ -157,10 +161,26 @@ def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, 
     clock.lap("unsharded")
     if precision.low(dtype):
         rounding = precision.measure(impl, model, batch, out, grads, own_grads, summed,
-                                     own_weights if own_grads is not None else None, case.grads)
+                                     own_weights if own_grads is not None else None, gradients)
         clock.lap("exact")
     return Unsharded(batch, {n: t.detach() for n, t in out.items()}, grads, own_grads, ran.ran(), ran.untracked,
-                     plan, weights, sharded, rounding)
+                     plan, weights, sharded, rounding, graph, gradients)
+
+
+def gradients_checked(impl, case: Case, out: dict[str, torch.Tensor], result: RankResult) -> bool:
+    """Whether this case's gradients are checked, and where a case that asks for them does not get them, why
+    (``result.unchecked_grads``): a forward-only implementation has none to check, and unsharded outputs with no
+    autograd graph have none to compare with. Outputs with no rows and no graph (an encoder's bare empty tensor for
+    an empty microbatch) have no gradient at all: nothing is left unchecked, and nothing runs backward."""
+    if not case.grads:
+        return False
+    if getattr(impl, "forward_only", False):
+        result.unchecked_grads = "forward-only implementation (an inference tower: no backward)"
+    elif not any(t.requires_grad for t in out.values()):
+        if not any(t.numel() for t in out.values()):
+            return False
+        result.unchecked_grads = "the unsharded encode's outputs have no autograd graph"
+    return result.unchecked_grads is None
 
 
 def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups, clock) -> None:
@@ -168,9 +188,12 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
     dtype, config, cp_rank = DTYPES[case.dtype], case.config, groups.cp_rank
     subject = impl.subject_model(model, case, dtype, ref.batch.patches.device)
     batch = replace(ref.batch, patches=ref.batch.patches.detach().clone().requires_grad_(True))
-    with Execution(subject) as ran:
+    with Execution(subject) as ran, comm.Collectives(groups.cp) as issued:
         out = outputs_of(impl.encode_sharded(subject, impl.inputs(batch), config, groups.cp), f"{impl.name}.encode_sharded")
     result.encoded, result.untracked = ran.rows, ran.untracked
+    if not config.shard_vision and case.cp > 1 and issued.count:  # CP 1 configured, or the opt-out: the no-op
+        result.failures.append(f"execution: rank {result.rank} issued {issued.count} collective(s) on its CP group "
+                               f"where vision_dp_over_cp is off ({_off(config)}): it must be a no-op")
 
     # What really ran, on every rank: the rows whose patches reached each rank's tower, and what each took outside
     # autograd (a collective, so every rank takes it and decides alike).
@@ -186,6 +209,12 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
     if plan is not None and _contradicts(read, plan):
         plan, rank_alone = None, False  # the plan is not what ran: its per-rank checks would blame gradients
     _describe(result, batch.spec, plan, cp_rank)
+    owned = config.shard_vision and not replicated_run  # the same on every rank: read is every rank's table
+    may_skip = getattr(impl, "empty_rank_may_skip", False) and not result.read  # a rank with no real rows
+    # What ran is known from the forward alone, so outputs-only cases are held to it too; where the unsharded tower
+    # ran no layer (an encoder that returns at once for an empty microbatch) no rank need run one either.
+    if owned and ref.ran and not may_skip:
+        _check_layers_ran(result, ref.ran, ran)
 
     if list(out) != list(ref.out):
         result.failures.append(f"outputs: the sharded encode returned {list(out)}, the unsharded {list(ref.out)}")
@@ -195,13 +224,14 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
         _fail(result, precision.compare_rows(label, out[name], expected, ref.rounding.outputs.get(name), "token")
               if precision.low(dtype) else precision.compare(label, out[name], expected))
         result.out_err = max(result.out_err, precision.max_abs(out[name], expected))
-    if any(out[n].shape != ref.out[n].shape for n in ref.out) or not case.grads:
+    if any(out[n].shape != ref.out[n].shape for n in ref.out) or not ref.gradients:
         return  # every rank gathered the same shapes, so every rank stops here: no collective hangs
+    if _graphless(result, out, ref.graph, groups.cp):
+        return  # decided over the CP group, so every rank stops here alike
 
     rank_loss(out, ref.weights, cp_rank).backward()
     clock.lap("sharded")
     grad, ref_grad = _grad(batch.patches), _grad(ref.batch.patches)
-    owned = config.shard_vision and not replicated_run  # the same on every rank: read is every rank's table
     held = [held_part(g, p, groups.tp_rank, case.tp) if g is not None else None
             for p, g in zip(subject.parameters(), ref.grads)]
     extra = [grad] + ([_holding(batch, grad, case.cp, cp_rank)] if owned else [])
@@ -210,7 +240,8 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
                                   range(len(batch.cu_seqlens) - 1), ref.rounding.input))
     if owned:
         _check_ownership(result, batch, grad, ref_grad, plan, read, holders[0], ref.rounding.input)
-        _check_execution(result, ref.ran, ran, ref.grads, subject)
+        if not may_skip:
+            _check_param_grads_exist(result, ref.grads, subject)
     if rank_alone and replicated_run == (not ref.sharded):
         own = [held_part(g, p, groups.tp_rank, case.tp) for p, g in zip(subject.parameters(), ref.own_grads)]
         _check_rank_alone(result, subject, own, dtype, ref.rounding.own_params)
@@ -220,6 +251,23 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
 def _fail(result: RankResult, why: str | None) -> None:
     if why:
         result.failures.append(why)
+
+
+def _off(config) -> str:
+    return "context_parallel_size=1" if config.context_parallel_size == 1 else "the opt-out"
+
+
+def _graphless(result: RankResult, out: dict[str, torch.Tensor], graph: dict[str, bool], group) -> bool:
+    """Whether any CP rank's sharded outputs lack the autograd graph the unsharded ones have (outputs with rows: no
+    gradient flows through none). This rank says which of its own do, in one line: no gradient can reach the
+    tower through them, so the gradient checks are not run; the outputs and what ran were judged already."""
+    bare = [name for name, t in out.items() if graph[name] and t.numel() and not t.requires_grad]
+    if bare:
+        result.failures.append(f"outputs {', '.join(map(repr, bare))} on rank {result.rank} have no autograd graph: "
+                               f"the gather is not differentiable (e.g. dist.all_gather), so no gradient reaches the "
+                               f"tower")
+    flag = torch.tensor([float(bool(bare))], dtype=torch.float64, device=next(iter(out.values())).device)
+    return bool(comm.all_reduce_sum(flag, group).item()) if group is not None else bool(bare)
 
 
 def rank_loss(outputs: dict[str, torch.Tensor], weights: dict[str, list[torch.Tensor]], rank: int) -> torch.Tensor:
@@ -578,14 +626,18 @@ def _buckets(params) -> list[list[int]]:
     return out
 
 
-def _check_execution(result, reference_ran: set[str], ran: Execution, reference_grads, model) -> None:
-    """The tower ran on this rank: its layers saw rows, and every parameter the unsharded run gives a
-    gradient has one here (a skipped tower leaves them None, which summing would read as zeros)."""
+def _check_layers_ran(result, reference_ran: set[str], ran: Execution) -> None:
+    """The tower ran on this rank: its layers saw rows (known from the forward alone: no gradient needed)."""
     skipped = sorted(reference_ran - ran.ran())
     if ran.rows == 0 or skipped:
         result.failures.append(f"execution: rank {result.rank} (CP rank {result.cp_rank}) did not run its tower on any "
                                f"row{' (layers never run: ' + ', '.join(skipped[:3]) + ')' if skipped else ''}; a rank "
                                f"with only placeholders must still encode them")
+
+
+def _check_param_grads_exist(result, reference_grads, model) -> None:
+    """Every parameter the unsharded run gives a gradient has one here (a skipped tower leaves them None, which
+    summing would read as zeros)."""
     missing = [name for (name, p), g in zip(model.named_parameters(), reference_grads) if g is not None and p.grad is None]
     if missing:
         result.failures.append(f"execution: rank {result.rank} (CP rank {result.cp_rank}) has no gradient for "

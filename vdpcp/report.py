@@ -74,7 +74,7 @@ def check_table(rows: list[CheckRow], backend: str) -> Table:
     table.add_column("why", overflow="fold", max_width=60)
     for row in rows:
         case, result = row.case, row.result
-        why = "" if row.verdict == "pass" and not row.why.startswith("the documented") else row.why
+        why = "" if row.verdict == "pass" and not row.why.startswith(("the documented", "gradients not checked")) else row.why
         table.add_row(row.family, _case_label(case), str(case.cp), case.impl, case.split, _ran_on(result), *_per_rank(result),
                       *(_err(result, attr) for attr, _ in ERRORS), f"[{STYLES.get(row.verdict, '')}]{row.verdict}[/]",
                       _short(why or ("" if row.verdict == "pass" else _first_failure(result)), 60))
@@ -112,7 +112,8 @@ def check_record(row: CheckRow) -> dict:
         "ranks": [
             {"rank": r.rank, "cp_rank": r.cp_rank, "backend": r.backend, "device": r.device, "encoded": r.encoded,
              "images": r.images, "placeholders": r.placeholders, "patches": r.patches,
-             **{attr: _finite(getattr(r, attr)) for attr, _ in ERRORS}, "failures": r.failures}
+             **{attr: _finite(getattr(r, attr)) for attr, _ in ERRORS}, "unchecked_grads": r.unchecked_grads,
+             "failures": r.failures}
             for r in result.ranks
         ],
         "failures": result.failures,
@@ -240,7 +241,8 @@ def _per_rank(result) -> tuple[str, str]:
 
 
 def _err(result, attr: str) -> str:
-    measured = result.ranks and (attr == "out_err" or result.case.grads) and result.verdict not in ("unsharded-error", "resource")
+    measured = result.ranks and (attr == "out_err" or (result.case.grads and not result.unchecked_grads)) \
+        and result.verdict not in ("unsharded-error", "resource")
     err = result.max_err(attr) if measured else math.nan
     return "-" if math.isnan(err) else f"{err:.1e}"  # NaN: not measured element by element (vdpcp.sketch)
 

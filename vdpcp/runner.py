@@ -68,6 +68,11 @@ class CaseResult:
         return unsharded + [f"rank {r.rank}: {msg}" for verdict in RUN_VERDICTS if verdict in MESSAGES
                             for r in self.ranks for msg in getattr(r, MESSAGES[verdict])]
 
+    @property
+    def unchecked_grads(self) -> str | None:
+        """Why this case's gradients were not checked although it asks for them (a forward-only implementation)."""
+        return next((r.unchecked_grads for r in self.ranks if r.unchecked_grads), None)
+
     def max_err(self, attr: str) -> float:
         return max((getattr(r, attr) for r in self.ranks), default=float("nan"))
 
@@ -80,6 +85,8 @@ class CaseResult:
         for r in self.ranks:
             lines.append(f"  rank {r.rank}: {r.images} images, {r.placeholders} placeholders, {r.patches} patches"
                          + (f", its tower saw {r.encoded} rows" if r.encoded >= 0 else ""))
+        if self.unchecked_grads:
+            lines.append(f"  gradients not checked: {self.unchecked_grads}")
         lines += [f"  {msg}" for msg in self.failures]
         return "\n".join(lines)
 

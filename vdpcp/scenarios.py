@@ -137,7 +137,9 @@ DATASET_FIXTURES = {"doc-qa": ("dataset", False), "multi-image": ("dataset", Tru
 
 # Opt-out at CP > 1: vision_dp_over_cp=False must give the unsharded result on every rank.
 OPT_OUT = (("three-images", (2, 4, 8)), ("video-and-images", (2, 8)))
-# Config CP != process group size: (CP group size, configured context_parallel_size, DP replicas).
+# Config CP != process group size: (CP group size, configured context_parallel_size, DP replicas). A configured
+# CP of 1 turns the feature off (the design's no-op: no error, no collective, every rank encodes everything), unless
+# the implementation validates it (Implementation.checks_cp1): vdpcp.expectations decides which.
 MISMATCHES = ((2, 4, 1), (4, 2, 1), (4, 1, 1), (8, 4, 1), (2, 4, 2))
 EMPTY = _spec("empty", [], seed=15)
 
@@ -211,7 +213,9 @@ def cases_of(scenario: Scenario, cps=CP_SIZES, impls=BUILT_INS, splits=None, los
 
 def spec_for(scenario: Scenario, media: MediaAxes) -> MicrobatchSpec | None:
     """The scenario's microbatch as it means something to a tower that takes ``media``: sizes scaled to its
-    patch size (grids kept), grids below its minimum raised to it, tubelets at the largest T it takes."""
+    patch size (grids kept), grids below its minimum raised to it, odd grid sides rounded up to even where it takes
+    even grids only (a placeholder the split injects stays as the split makes it), tubelets at the largest T it
+    takes."""
     spec = scenario.spec
     if not scenario.adapt:
         return spec
@@ -221,12 +225,19 @@ def spec_for(scenario: Scenario, media: MediaAxes) -> MicrobatchSpec | None:
         if not fits:
             return None
         T = max(fits)
-    P, side = media.patch_dim, lambda n: max(n // spec.patch_dim, media.min_grid) * media.patch_dim
-    images = tuple((side(h), side(w)) for h, w in spec.images)
+    images = tuple((_side(h, spec.patch_dim, media), _side(w, spec.patch_dim, media)) for h, w in spec.images)
+    P = media.patch_dim
     if (images, T, P) == (spec.images, spec.temporal_patch_size, spec.patch_dim):
         return spec
     return replace(spec, images=images, temporal_patch_size=T, patch_dim=P,
                    num_frames=spec.num_frames if spec.num_frames is not None or T == 1 else spec.media_frames)
+
+
+def _side(pixels: int, patch_dim: int, media: MediaAxes) -> int:
+    """One side of an image, in pixels at ``media``'s patch size: its patch grid kept, raised to the minimum, and
+    rounded up to even where the tower takes even grids only."""
+    grid = max(pixels // patch_dim, media.min_grid)
+    return (grid + grid % 2 * media.even_grids) * media.patch_dim
 
 
 def large_scenarios(media: MediaAxes, cps=CP_SIZES) -> list[Scenario]:
@@ -367,6 +378,8 @@ def matrix(cps=CP_SIZES, impls=BUILT_INS, splits=None, losses=LOSSES, table: lis
 
 def family_of(case: Case, table: list[Scenario] | None = None) -> str:
     """The scenario family a case belongs to (special rows are their own family)."""
+    if case.config_cp == 1:
+        return "cp1-off"  # the design's silent no-op, whatever the group
     if case.config_cp is not None:
         return "group-mismatch"
     if case.dp > 1 or case.tp > 1:

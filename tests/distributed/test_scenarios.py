@@ -9,7 +9,7 @@ import pytest
 
 from vdpcp import expectations, scenarios
 from vdpcp.case import Case, RankResult
-from vdpcp.impls import mcore
+from vdpcp.impls import GROUP_MISMATCH_TEXT, mcore
 from vdpcp.plan import STRATEGIES
 from vdpcp.runner import CaseResult
 from vdpcp.spec import MicrobatchSpec, SpecError
@@ -102,7 +102,7 @@ def test_judge_strict_xfail():
 
 def test_judge_group_mismatch_needs_the_documented_error_from_every_rank():
     case = Case(MicrobatchSpec(images=((16, 16),), name="m"), 2, config_cp=4)
-    message = f"reference: {expectations.GROUP_MISMATCH_TEXT}: context_parallel_size=4 but the CP group has 2 ranks"
+    message = f"reference: {GROUP_MISMATCH_TEXT}: context_parallel_size=4 but the CP group has 2 ranks"
     both = f"failed on 2 of 2 ranks: rank 0 raised GroupMismatchError: {message}; rank 1 raised GroupMismatchError: {message}"
     one = f"failed on 2 of 2 ranks: rank 0 raised GroupMismatchError: {message}; rank 1 hung: still running"
     assert expectations.judge(_result(case, error=both))[0] == "pass"

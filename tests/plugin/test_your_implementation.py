@@ -103,15 +103,18 @@ def test_pytest_with_a_bad_target_is_a_usage_error(project, pytester):
 
 def test_an_implementation_that_skips_the_group_check_fails_the_mismatch_rows(project, capsys):
     (project / "lax.py").write_text(textwrap.dedent("""
+        import torch.distributed as dist
+
         from my_vision_dp import MyVisionDP
 
-        class Lax(MyVisionDP):  # trusts the config instead of checking it against the group
+        class Lax(MyVisionDP):  # a CP size that disagrees with the group: encodes everything instead of raising
             def encode_sharded(self, model, batch, config, group):
-                return self.encode(model, batch) if config.context_parallel_size == 1 else super().encode_sharded(
-                    model, batch, config, group)
+                if config.context_parallel_size != dist.get_world_size(group):
+                    return self.encode(model, batch)
+                return super().encode_sharded(model, batch, config, group)
 
         impl = Lax()
     """))
-    assert main(["check", "--impl", "lax:impl", "--cp", "4", "-k", "config-cp1", "--json", str(project / "r.json")]) == 1
+    assert main(["check", "--impl", "lax:impl", "--cp", "2", "-k", "config-cp4", "--json", str(project / "r.json")]) == 1
     record = json.loads((project / "r.json").read_text())["results"][0]
     assert record["why"].startswith("no rank reported 'vision_dp_over_cp does not match its process group'"), record

@@ -9,7 +9,7 @@ import pytest
 
 from vdpcp import expectations
 from vdpcp.case import Case, RankResult
-from vdpcp.impls import KnownLimit, mcore
+from vdpcp.impls import GROUP_MISMATCH_TEXT, KnownLimit, mcore
 from vdpcp.runner import CaseResult
 from vdpcp.spec import MicrobatchSpec
 
@@ -121,7 +121,7 @@ def test_an_unsharded_error_is_an_xfail_only_with_the_signature():
 
 
 MISMATCH = Case(MicrobatchSpec(images=((16, 16),), name="m"), 2, config_cp=4)
-DOCUMENTED = (f"reference: {expectations.GROUP_MISMATCH_TEXT}: context_parallel_size=4 but the CP group has 2 ranks")
+DOCUMENTED = (f"reference: {GROUP_MISMATCH_TEXT}: context_parallel_size=4 but the CP group has 2 ranks")
 
 
 def _raised(message, *ranks):
@@ -133,7 +133,7 @@ def test_a_group_mismatch_is_judged_on_the_headline_whatever_the_tracebacks_belo
     assert expectations.judge(_result(MISMATCH, error=_raised(DOCUMENTED, 0, 1) + tracebacks))[0] == "pass"
     below_only = _raised(DOCUMENTED, 0) + "; rank 1 exited with code 1\n" + _raised(DOCUMENTED, 1)
     verdict, why = expectations.judge(_result(MISMATCH, error=below_only))
-    assert verdict == "fail" and why == "rank 1 did not raise the documented error"
+    assert verdict == "fail" and why == "rank 1 did not raise the documented GroupMismatchError"
 
 
 @pytest.mark.parametrize("missing", ["context_parallel_size=4", "2 ranks"])
