@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from vdpcp.impls.reference import Reference
 from vdpcp.mutants import gradient_changed
-from vdpcp.protocol import MediaAxes, check_group
+from vdpcp.protocol import GROUP_MISMATCH_TEXT, GroupMismatchError, MediaAxes, MismatchError, check_group
 from vdpcp.spec import MicrobatchSpec
 
 
@@ -201,3 +201,234 @@ class ChangesItsWeights(Reference):
 batch_variant = BatchVariant()
 batch_variant_one_row_wrong = BatchVariantOneRowWrong()
 changes_its_weights = ChangesItsWeights()
+
+
+# --- what an implementation declares about itself (vdpcp.protocol: the judge is fair to it, and no fairer) --------
+
+
+def _sharded_with(model, batch, config, group, gather, skip_empty: bool = False):
+    """The reference's sharded encode (vdpcp.sharded) with its gather swapped for ``gather(local, counts, group)``;
+    ``skip_empty``: a rank with no real rows never runs its tower and hands the gather zeros of its placeholders'
+    shape, as a tower with nothing real to encode would."""
+    from vdpcp import sharded
+    from vdpcp.model import output_tokens
+
+    plan = sharded.plan_for(batch.spec, config)
+    shard = plan.shard(dist.get_rank(group))
+    if skip_empty and shard.num_real_rows == 0:  # in the graph all the same, so its backward enters the gather's
+        local = batch.patches.new_zeros(output_tokens((1, 1)) * shard.num_placeholders, model.config.lm_hidden,
+                                        requires_grad=True)
+    else:
+        local = model.project(model.encode(sharded.split(batch, shard, plan.order), shard.imgs_sizes, shard.num_frames))
+    gathered = gather(local, sharded.real_tokens(plan), group)
+    index = sharded.image_order(plan)
+    return gathered if index is None else gathered[index]
+
+
+def plain_all_gather(local, counts, group):
+    """An inference engine's gather: dist.all_gather, padded to the longest shard, with no autograd."""
+    padded = local.detach().new_zeros(max(counts), *local.shape[1:])
+    padded[: counts[dist.get_rank(group)]] = local.detach()[: counts[dist.get_rank(group)]]
+    shards = [torch.empty_like(padded) for _ in counts]
+    dist.all_gather(shards, padded, group=group)
+    return torch.cat([s[:n] for s, n in zip(shards, counts)])
+
+
+class EmptyBare(Reference):
+    """For an empty microbatch it encodes nothing and returns an empty tensor with no autograd graph, as Bridge's
+    _encode_images does; otherwise the reference."""
+
+    name = "empty-bare"
+    splits = ("count",)
+
+    def encode(self, model, batch):
+        if not batch.spec.images:
+            return batch.patches.new_zeros(0, model.config.lm_hidden)  # no graph: nothing was encoded
+        return super().encode(model, batch)
+
+    def encode_sharded(self, model, batch, config, group):
+        check_group(config, dist.get_world_size(group), self.name)
+        return self.encode(model, batch) if not batch.spec.images else super().encode_sharded(model, batch, config, group)
+
+
+class OmniGroupError(ValueError):
+    """An implementation's own error for a configured CP that disagrees with its process group."""
+
+
+OMNI_TEXT = "vision_dp_over_cp does not match its process group: config="
+
+
+class OwnMismatchError(Reference):
+    """Raises its own documented mismatch error, in its own words (Bridge's), which it declares."""
+
+    name = "own-mismatch-error"
+    splits = ("count",)
+    mismatch_error = MismatchError("OmniGroupError", OMNI_TEXT, names_sizes=False)
+
+    def encode_sharded(self, model, batch, config, group):
+        size = dist.get_world_size(group)
+        if config.context_parallel_size > 1 and config.context_parallel_size != size:
+            raise OmniGroupError(f"Nemotron Omni {OMNI_TEXT}{config.context_parallel_size}, group={size}.")
+        return super().encode_sharded(model, batch, config, group)
+
+
+class DeclaresAnotherError(Reference):
+    """Declares its own mismatch error but raises vdpcp's check_group's (the reference's): not what it documents."""
+
+    name = "declares-another-error"
+    splits = ("count",)
+    mismatch_error = OwnMismatchError.mismatch_error
+
+
+class ChecksCP1(Reference):
+    """Validates a configured CP of 1 against a larger group too, and says so (checks_cp1)."""
+
+    name = "checks-cp1"
+    splits = ("count",)
+    checks_cp1 = True
+
+    def encode_sharded(self, model, batch, config, group):
+        size = dist.get_world_size(group)
+        if config.context_parallel_size != size:
+            raise GroupMismatchError(f"{self.name}: {GROUP_MISMATCH_TEXT}: context_parallel_size="
+                                     f"{config.context_parallel_size} but the CP group has {size} ranks")
+        return super().encode_sharded(model, batch, config, group)
+
+
+class ClaimsToCheckCP1(Reference):
+    """Says it validates a configured CP of 1 (checks_cp1), but self-disables like the reference: no error."""
+
+    name = "claims-to-check-cp1"
+    splits = ("count",)
+    checks_cp1 = True
+
+
+class CollectsWhenOff(Reference):
+    """Right results with the feature off, but it still sums a tensor over the CP group first (a stray collective:
+    at CP 1 on a larger group a peer that really is off would hang on it)."""
+
+    name = "collects-when-off"
+    splits = ("count",)
+
+    def encode_sharded(self, model, batch, config, group):
+        if not config.shard_vision:
+            dist.all_reduce(torch.zeros(1, dtype=batch.patches.dtype, device=batch.patches.device), group=group)
+        return super().encode_sharded(model, batch, config, group)
+
+
+class EvenGridsOnly(Reference):
+    """A tower whose unsharded path takes even patch grids only (Nemotron Omni's), which it declares; its sharded
+    path pads the split's 1x1 placeholders, as the design says it must."""
+
+    name = "even-grids-only"
+    splits = ("count",)
+    media = MediaAxes(even_grids=True)
+    towers = {"toy": media}
+
+    def encode(self, model, batch):
+        odd = [grid for grid in batch.spec.grids if grid[0] % 2 or grid[1] % 2]
+        if odd:
+            raise ValueError(f"{self.name}: takes even patch grids only, got {odd[0][0]}x{odd[0][1]}")
+        return super().encode(model, batch)
+
+
+class EvenGridsEverywhere(EvenGridsOnly):
+    """Declares even grids, and its sharded path rejects the split's odd (1x1) placeholders too: the declaration
+    changes the matrix's images, never the placeholders, so this still errors where a rank holds one."""
+
+    name = "even-grids-everywhere"
+
+    def encode_sharded(self, model, batch, config, group):
+        from vdpcp import sharded
+
+        if config.shard_vision and sharded.plan_for(batch.spec, config).shard(dist.get_rank(group)).num_placeholders:
+            raise ValueError(f"{self.name}: takes even patch grids only, got a 1x1 placeholder")
+        return super().encode_sharded(model, batch, config, group)
+
+
+class ForwardOnly(Reference):
+    """An inference engine's tower: the reference's split, and a gather with no autograd (dist.all_gather). It
+    declares itself forward-only."""
+
+    name = "forward-only"
+    splits = ("count",)
+    forward_only = True
+    skip_empty = False
+
+    def encode_sharded(self, model, batch, config, group):
+        check_group(config, dist.get_world_size(group), self.name)
+        if not config.shard_vision:
+            return self.encode(model, batch)
+        return _sharded_with(model, batch, config, group, plain_all_gather, self.skip_empty)
+
+
+class ForwardOnlyWrong(ForwardOnly):
+    """Forward-only, and its gathered features 1% off: the declaration spares gradients, never outputs."""
+
+    name = "forward-only-wrong"
+
+    def encode_sharded(self, model, batch, config, group):
+        out = super().encode_sharded(model, batch, config, group)
+        return out * 1.01 if config.shard_vision else out
+
+
+class UndeclaredGraphlessGather(ForwardOnly):
+    """ForwardOnly that does not say so: a training implementation whose gather is not differentiable."""
+
+    name = "undeclared-graphless-gather"
+    forward_only = False
+
+
+class EmptyRankSkips(Reference):
+    """A rank with no real rows skips its tower (the design forbids it in training: a TP or FSDP peer would hang);
+    its gather is differentiable, so every output and summed gradient is right."""
+
+    name = "empty-rank-skips"
+    splits = ("count",)
+
+    def encode_sharded(self, model, batch, config, group):
+        from vdpcp.comm import gather_features
+
+        check_group(config, dist.get_world_size(group), self.name)
+        if not config.shard_vision:
+            return self.encode(model, batch)
+        return _sharded_with(model, batch, config, group, gather_features, skip_empty=True)
+
+
+class EmptyRankMaySkip(EmptyRankSkips):
+    """EmptyRankSkips whose tower holds no collective, which it declares (empty_rank_may_skip)."""
+
+    name = "empty-rank-may-skip"
+    empty_rank_may_skip = True
+
+
+class ForwardOnlySkips(ForwardOnly):
+    """An inference tower whose empty rank skips it, without declaring that it may: forward_only alone spares
+    gradients, not the execution check."""
+
+    name = "forward-only-skips"
+    skip_empty = True
+
+
+class ForwardOnlyMaySkip(ForwardOnlySkips):
+    """vLLM's shape: forward-only, and an empty rank may skip its tower, both declared."""
+
+    name = "forward-only-may-skip"
+    empty_rank_may_skip = True
+
+
+empty_bare = EmptyBare()
+own_mismatch_error = OwnMismatchError()
+declares_another_error = DeclaresAnotherError()
+checks_cp1 = ChecksCP1()
+claims_to_check_cp1 = ClaimsToCheckCP1()
+collects_when_off = CollectsWhenOff()
+even_grids_only = EvenGridsOnly()
+even_grids_everywhere = EvenGridsEverywhere()
+forward_only = ForwardOnly()
+forward_only_wrong = ForwardOnlyWrong()
+undeclared_graphless_gather = UndeclaredGraphlessGather()
+empty_rank_skips = EmptyRankSkips()
+empty_rank_may_skip = EmptyRankMaySkip()
+forward_only_skips = ForwardOnlySkips()
+forward_only_may_skip = ForwardOnlyMaySkip()
