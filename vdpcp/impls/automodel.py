@@ -161,7 +161,9 @@ class Automodel(Implementation):
             check_group(config, dist.get_world_size(group), self.name)
         if config.strategy not in self.splits:
             raise ValueError(f"{self.name}: split {config.strategy!r} is not Automodel's; expected one of {self.splits}")
-        publish = group is not None and dist.get_world_size(group) > 1  # the recipe publishes only where CP > 1
+        # The recipe publishes only where its configured CP is above 1 (it builds the CP group from that config): a
+        # configured CP of 1 is the feature off, whatever group vdpcp hands in (the design's no-op).
+        publish = group is not None and config.context_parallel_size > 1
         token = automodel.set_cp_vision_group(group, config=self.frame_sharding(config.vision_dp_over_cp)) \
             if publish else None
         try:
