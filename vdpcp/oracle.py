@@ -211,9 +211,9 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
     _describe(result, batch.spec, plan, cp_rank)
     owned = config.shard_vision and not replicated_run  # the same on every rank: read is every rank's table
     may_skip = getattr(impl, "empty_rank_may_skip", False) and not result.read  # a rank with no real rows
-    # What ran is known from the forward alone, so outputs-only cases are held to it too; where the unsharded tower
-    # ran no layer (an encoder that returns at once for an empty microbatch) no rank need run one either.
-    if owned and ref.ran and not may_skip:
+    # What ran is known from the forward alone, so outputs-only cases are held to it too. Where the unsharded encode
+    # ran no layer and returned no graph (a bare empty tensor for an empty microbatch) no rank need run one either.
+    if owned and (ref.ran or any(ref.graph.values())) and not may_skip:
         _check_layers_ran(result, ref.ran, ran)
 
     if list(out) != list(ref.out):
