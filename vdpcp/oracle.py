@@ -14,14 +14,17 @@ then checks:
    states a plan, this rank's own equal the unsharded gradients of its own images' rows under the summed
    weights (so the projector stays sharded: gathering before the projector passes the sum but fails this);
 4. execution, not the plan: the tower's layers ran on this rank on at least one row (an image or a
-   placeholder), and every parameter the unsharded run gives a gradient has one here, so a rank holding only
-   placeholders that skips its tower (and would hang a tensor-parallel or FSDP peer) fails;
+   placeholder; from the forward pre-hooks, so outputs-only cases too), and where gradients run every parameter the
+   unsharded run gives a gradient has one here, so a rank holding only placeholders that skips its tower (and
+   would hang a tensor-parallel or FSDP peer) fails, unless the implementation says an empty rank may skip it;
+   with sharding off, no collective is issued on the CP group;
 5. did it shard: which rows reached each rank's tower (through autograd), and how many rows each rank's tower
    took outside autograd (no_grad, inference_mode, detached inputs) that are not placeholders: work beyond its
    own share, which is not-sharded.
 
 With sharding off (CP=1, opt-out) every rank encodes everything: outputs, and input and parameter grads
-summed over ranks. ``grads=False`` checks outputs only. Tolerances: float64 element by element with
+summed over ranks. ``grads=False`` checks outputs only; so does a forward-only implementation, its gradients
+"not checked" (RankResult.unchecked_grads). Tolerances: float64 element by element with
 assert_close's; below it, vdpcp.precision (each quantity within the dtype's rtol plus twice this case's own
 unsharded run's measured distance from a higher-precision run).
 
