@@ -29,7 +29,7 @@
 #   set -o pipefail; scripts/gpu-record.sh faults ab memory 2>&1 | tee $OUT/gpu-record-stdout-2.txt
 set -u
 ALL="job nccl-cp1 bf16 real real-f32 real-mutants faults ab memory"
-SUBJECTS="reference mcore qwen2_5_vl automodel automodel-shipped"
+SUBJECTS="reference mcore qwen2_5_vl automodel automodel-shipped nemotron-omni"
 out=${OUT:-reports/gpu}
 if [ "${1:-}" = --out ]; then
     out=${2:?"gpu-record.sh: --out needs a folder"}
@@ -83,7 +83,7 @@ nccl-cp1() {
 }
 
 bf16() {  # the built-ins together, each third-party subject alone; the per-case lines carry each case's seconds
-    for impl in "reference mcore" qwen2_5_vl automodel automodel-shipped; do
+    for impl in "reference mcore" qwen2_5_vl automodel automodel-shipped nemotron-omni; do
         step "VDPCP_DEVICE=cuda vdpcp check --backend gloo --cp 2 4 --dtype bfloat16 --impl $impl"
         VDPCP_DEVICE=cuda timeout 200 python3 -m vdpcp check --backend gloo --cp 2 4 --dtype bfloat16 --impl $impl \
             >"$out/bf16-${impl// /-}.txt" 2>&1

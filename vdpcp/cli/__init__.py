@@ -84,7 +84,8 @@ def add_budget_option(parser) -> None:
 
 
 TOWER_HELP = ("the size of every case's tower: toy (CPU CI, the default) or real (the published size each shipped "
-              "subject stands for: ViT-L/16, Qwen2.5-VL-7B's, Qwen3-VL-8B's; for GPUs), or any size an implementation declares")
+              "subject stands for: ViT-L/16, Qwen2.5-VL-7B's, Qwen3-VL-8B's, Nemotron Omni's RADIO; for GPUs), or any "
+              "size an implementation declares")
 
 
 def checked_tower(tower: str, impls) -> str:
@@ -118,8 +119,8 @@ def spec_limit(value, tflop=None):
         raise
 
 
-IMPL_HELP = ("a registered implementation (reference, mcore, qwen2_5_vl, automodel, automodel-shipped, or one an installed "
-             "package adds to the vdpcp.implementations entry points) or module:object")
+IMPL_HELP = ("a registered implementation (reference, mcore, qwen2_5_vl, automodel, automodel-shipped, nemotron-omni, "
+             "or one an installed package adds to the vdpcp.implementations entry points) or module:object")
 
 
 def checked_impls(targets) -> tuple[str, ...]:

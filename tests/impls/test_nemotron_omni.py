@@ -1,0 +1,197 @@
+"""Nemotron Omni's vision path around MCore's RADIO tower (vdpcp.impls.nemotron_omni), driven through the Bridge
+adapter (vdpcp.impls.bridge): the adapter's mapping of vdpcp's microbatch onto ``_encode_images``; the unsharded
+encode against an independent composition (each image alone); the switches (off: no collective; a configured CP that
+disagrees with the group: Omni's own error before any collective); the odd-frame video remnant, computed from the
+plan and a strict xfail exactly there; its saved replay file; and a subset of the matrix at CP 2 and 4."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from vdpcp import saved, scenarios
+from vdpcp.case import Case
+from vdpcp.impls import resolve
+from vdpcp.impls.bridge import BridgeEncoder
+from vdpcp.impls.nemotron_omni import (
+    GROUP_MISMATCH,
+    SIZES,
+    VIDEO_REMNANT,
+    nemotron_omni,
+    pixel_shuffle,
+    video_remnants,
+)
+from vdpcp.protocol import VisionDPConfig
+from vdpcp.runner import run_judged
+from vdpcp.spec import Microbatch, MicrobatchSpec
+from vdpcp.testing import assert_case, params
+
+ROOT = Path(__file__).resolve().parents[2]
+REPLAY = ROOT / "docs" / "known-limits" / "omni-video-remnant-cp2.json"
+SUBSET = ("three-images", "eight-equal", "video-t2-even", "few-tubelets-t2", "video-and-images")
+TABLE = [s for s in scenarios.scenarios(fixtures=None) if s.spec.name in SUBSET]
+P = SIZES["toy"].patch
+
+
+def _build(spec, dtype=torch.float64):
+    return nemotron_omni.build_model(Case(spec, 1, "nemotron-omni"), dtype, torch.device("cpu"))
+
+
+def _mixed():
+    """Two images and a 3-frame video (a short last tubelet), even grids."""
+    images = ((4 * P, 4 * P), (2 * P, 6 * P)) + ((4 * P, 2 * P),) * 3
+    return MicrobatchSpec(images, num_frames=(1, 1, 3), temporal_patch_size=2, patch_dim=P, seed=3)
+
+
+def test_it_is_registered_by_its_name():
+    assert resolve("nemotron-omni") is nemotron_omni
+    assert isinstance(nemotron_omni, BridgeEncoder)
+
+
+# --- the adapter ------------------------------------------------------------------------------------------------
+
+
+class Recorder:
+    """Any object with Bridge's _encode_images and flag: records what the adapter hands it."""
+
+    def __init__(self):
+        self.vision_dp_over_cp, self.context_parallel_lm, self.calls = True, 0, []
+
+    def _encode_images(self, images, imgs_sizes, packed_seq_params, num_frames):
+        self.calls.append((self.vision_dp_over_cp, self.context_parallel_lm, images, imgs_sizes, packed_seq_params,
+                           num_frames))
+        return images[0, :, :2]
+
+
+def test_the_adapter_hands_bridges_encoder_the_microbatch_as_bridges_forward_does():
+    spec = _mixed()
+    batch, module = spec.tensors(), Recorder()
+    adapter = BridgeEncoder()
+    adapter.encode(module, batch)
+    adapter.encode_sharded(module, batch, VisionDPConfig(4, vision_dp_over_cp=False), None)  # off: no group needed
+    adapter.encode_sharded(module, batch, VisionDPConfig(1), None)  # CP 1: the feature self-disables
+    assert [(on, cp) for on, cp, *_ in module.calls] == [(False, 1), (False, 4), (False, 1)]
+    _, _, images, sizes, params, frames = module.calls[0]
+    assert images is batch.patches and torch.equal(sizes, batch.imgs_sizes)  # the same tensor: gradients reach it
+    assert params.qkv_format == "thd" and params.cu_seqlens_q.dtype == torch.int32
+    assert params.cu_seqlens_q.tolist() == params.cu_seqlens_kv.tolist() == batch.cu_seqlens.tolist()
+    assert params.max_seqlen_q == max(spec.row_patches)
+    assert frames.tolist() == [1, 1, 3]
+
+
+# --- the subject --------------------------------------------------------------------------------------------------
+
+
+def test_the_pixel_shuffle_folds_each_2x2_block_of_the_spatial_grid():
+    grid = torch.arange(4 * 6 * 3.0).reshape(4, 6, 3)
+    tokens = pixel_shuffle(grid, pad_odd=False)
+    assert tokens.shape == (6, 12)
+    # token 4 is block row 1, block column 1: patches (2, 2), (2, 3), (3, 2), (3, 3)
+    assert torch.equal(tokens[4], torch.cat([grid[2, 2], grid[2, 3], grid[3, 2], grid[3, 3]]))
+    with pytest.raises(ValueError, match="even patch grid, got 3x6"):
+        pixel_shuffle(grid[:3], pad_odd=False)
+    assert torch.equal(pixel_shuffle(grid[:1, :1], pad_odd=True), torch.cat([grid[0, 0], torch.zeros(9)])[None])
+
+
+def whole_and_alone(ctx) -> tuple[torch.Tensor, torch.Tensor]:
+    """The microbatch's features, and each item's encoded alone (MCore's layers need torch.distributed: a rank)."""
+    spec = _mixed()
+    model, batch = _build(spec), spec.tensors()
+    whole, alone, cu = nemotron_omni.encode(model, batch), [], batch.cu_seqlens.tolist()
+    for first, frames in ((0, 1), (1, 1), (2, 3)):
+        part = MicrobatchSpec(spec.images[first : first + frames], num_frames=(frames,), temporal_patch_size=2,
+                              patch_dim=P, seed=spec.seed)
+        rows = slice(first, first + frames)
+        alone.append(nemotron_omni.encode(model, Microbatch(
+            part, patches=batch.patches[:, cu[first] : cu[first + frames]], imgs_sizes=batch.imgs_sizes[rows],
+            cu_seqlens=batch.cu_seqlens[first : first + frames + 1] - cu[first])))
+    return whole.detach(), torch.cat(alone).detach()
+
+
+@pytest.mark.distributed
+def test_unsharded_every_item_is_encoded_as_it_would_be_alone(run_ranks):
+    """The microbatch's features are each image's and the video's own, encoded alone, in order: attention stays
+    within each image, each item gets its class tokens, which are dropped again, and the video goes through the
+    video embedder (its short last tubelet repeats its final frame)."""
+    whole, alone = run_ranks(whole_and_alone, 1)[0]
+    assert whole.shape == (4 + 3 + 2 * 2, SIZES["toy"].lm_hidden)
+    torch.testing.assert_close(whole, alone, rtol=0, atol=1e-12)
+
+
+def test_a_configured_cp_that_disagrees_with_the_group_raises_omnis_error_before_any_collective():
+    """No process group exists in this process: a collective would raise something else."""
+    spec = _mixed()
+    model = _build(spec)
+    model.vision_dp_over_cp, model.context_parallel_lm = True, 4  # its CP group (none here) has one rank
+    with pytest.raises(ValueError, match=f"Nemotron Omni {GROUP_MISMATCH}: config=4, group=1"):
+        model._encode_images(*_bridge_arguments(spec))
+
+
+def _bridge_arguments(spec):
+    from vdpcp.impls.bridge import bridge_arguments
+
+    return bridge_arguments(spec.tensors())
+
+
+def test_an_empty_microbatch_encodes_nothing_and_runs_no_collective():
+    spec = MicrobatchSpec((), patch_dim=P)
+    model = _build(_mixed())
+    model.vision_dp_over_cp, model.context_parallel_lm = True, 4
+    out = model._encode_images(*_bridge_arguments(spec))
+    assert out.shape == (0, SIZES["toy"].lm_hidden) and out.grad_fn is None
+
+
+def test_its_parameter_count_is_the_built_towers():
+    spec = _mixed()
+    assert nemotron_omni.param_count(Case(spec, 1, "nemotron-omni")) == sum(p.numel() for p in _build(spec).parameters())
+
+
+# --- the odd-frame video remnant ---------------------------------------------------------------------------------
+
+
+def _video(frames, images_before=0):
+    images = ((4 * P, 4 * P),) * images_before + ((4 * P, 6 * P),) * frames
+    return MicrobatchSpec(images, num_frames=(1,) * images_before + (frames,), temporal_patch_size=2, patch_dim=P)
+
+
+@pytest.mark.parametrize(("spec", "cp", "remnants"), [
+    (_video(3), 2, [(1, 0)]),  # frames [0, 1] | [2]: the split lands after the first tubelet
+    (_video(3), 4, [(1, 0)]),  # two tubelets and two placeholders: [0, 1] | [2] | P | P
+    (_video(5), 2, []),  # the split lands on frame 2: [0, 1] | [2, 3, 4], the short tubelet stays with its first frame
+    (_video(5), 4, [(2, 0)]),  # three tubelets and a placeholder: [0, 1] | [2, 3] | [4] | P
+    (_video(4), 2, []),  # an even frame count: every share is whole tubelets of 2
+    (_video(3, images_before=1), 2, [(1, 1)]),  # image + frames 0-1 | frame 2
+], ids=["3f-cp2", "3f-cp4", "5f-cp2", "5f-cp4", "4f-cp2", "image-3f-cp2"])
+def test_the_remnant_is_found_from_the_plan(spec, cp, remnants):
+    assert video_remnants(spec, cp) == remnants
+
+
+def test_the_remnant_limit_is_declared_exactly_where_the_plan_has_one():
+    """Over the whole matrix (every CP size, every backend's view): the limit where a rank's share of a video is a
+    single frame, and nowhere else."""
+    met = set()
+    for case in scenarios.matrix(impls=("nemotron-omni",)):
+        limit = nemotron_omni.known_limit(case, "nccl")
+        plain = case.config.shard_vision and case.config_cp is None
+        assert (limit is VIDEO_REMNANT) == bool(plain and video_remnants(case.spec, case.cp)), case.id
+        if limit is VIDEO_REMNANT:
+            met.add(f"{case.spec.name}-cp{case.cp}")
+    assert {"few-tubelets-t2-cp2", "video-t2-ragged-cp2", "video-and-images-cp8"} <= met
+
+
+def test_the_saved_replay_file_fails_the_known_way():
+    """The runner finds the sharded result wrong (fail); the judge recognizes the declared limit (xfail)."""
+    judged = run_judged(saved.load(REPLAY).to_case())
+    assert judged.result.verdict == "fail"
+    assert judged.verdict == "xfail" and judged.why.startswith(VIDEO_REMNANT.name)
+    assert any(f.startswith("rank 1: outputs:") for f in judged.result.failures)
+
+
+# --- the matrix ---------------------------------------------------------------------------------------------------
+
+
+# The scenario rows only: the special rows (empty, opt-out, mismatches) are decided by the module's switches, tested
+# above in one process, and the CP x DP layouts by MCore's gather (the mcore subject's tests).
+@pytest.mark.parametrize("case", params("nemotron-omni", cps=(2, 4), table=TABLE, special=False, layouts=False))
+def test_matrix(case):
+    assert_case(case)
