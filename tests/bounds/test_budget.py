@@ -225,6 +225,13 @@ def test_the_limit_is_scoped_strongest_first(monkeypatch):
         budget.limit()
 
 
+@pytest.mark.parametrize("text", ["inf", "nan", "-1", "0", "lots"])
+def test_a_compute_limit_that_is_not_a_finite_positive_number_is_one_error_naming_it(monkeypatch, text):
+    monkeypatch.setenv(budget.FLOPS_ENV, text)
+    with pytest.raises(budget.BudgetError, match=f"^VDPCP_MAX_CASE_TFLOP is '{text}'; expected a positive number of TFLOP"):
+        budget.flops_limit()
+
+
 # --- out of memory is a resource failure, not a verdict ----------------------------------------------------
 
 # As the harness words it (vdpcp.harness.outcome): rank 0, waiting in the gather, quotes rank 1's error.
