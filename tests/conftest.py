@@ -48,3 +48,12 @@ def no_setting_leaks():
     after = _process_settings()
     changed = [name for name in before if before[name] != after[name]]
     assert not changed, f"this test left process-global settings changed: {changed}"
+
+
+@pytest.fixture
+def on_the_cpu(monkeypatch):
+    """Gloo ranks keep their tensors on the CPU and cases are sized for this machine's CPU, whatever the job exports:
+    a GPU runner may set VDPCP_DEVICE=cuda job-wide (the README does for the real-size step), and a test that asserts
+    a CPU fact (the "ran on" column, figures not measured off a GPU, the CPU's limits) must choose the CPU itself.
+    The rank workers read the caller's environment at every case, so they see it too."""
+    monkeypatch.delenv("VDPCP_DEVICE", raising=False)

@@ -129,7 +129,7 @@ def flops_limit() -> tuple[float, str]:
         tflop = float(env)
     except ValueError:
         tflop = -1.0
-    if not tflop > 0:
+    if not (math.isfinite(tflop) and tflop > 0):
         raise BudgetError(f"{FLOPS_ENV} is {env!r}; expected a positive number of TFLOP, e.g. 50")
     return tflop * 1e12, f"{FLOPS_ENV}={env.strip()}"
 

@@ -19,6 +19,11 @@ from vdpcp.spec import MicrobatchSpec, SpecError, SpecTooLarge
 from .out_of_memory import CPU_ALLOCATOR
 
 
+# Sized for this machine's CPU (its memory limit, its compute limit, its messages), whatever VDPCP_DEVICE a job
+# exports; the GPU's figures are asked for by name (device="cuda").
+pytestmark = pytest.mark.usefixtures("on_the_cpu")
+
+
 def spec(images, **fields) -> MicrobatchSpec:
     return MicrobatchSpec(images=tuple(tuple(s) for s in images), **fields)
 
@@ -223,6 +228,13 @@ def test_the_limit_is_scoped_strongest_first(monkeypatch):
     monkeypatch.setenv(budget.ENV, "lots")
     with pytest.raises(budget.BudgetError, match="VDPCP_MAX_SPEC_BYTES is 'lots'"):
         budget.limit()
+
+
+@pytest.mark.parametrize("text", ["inf", "nan", "-1", "0", "lots"])
+def test_a_compute_limit_that_is_not_a_finite_positive_number_is_one_error_naming_it(monkeypatch, text):
+    monkeypatch.setenv(budget.FLOPS_ENV, text)
+    with pytest.raises(budget.BudgetError, match=f"^VDPCP_MAX_CASE_TFLOP is '{text}'; expected a positive number of TFLOP"):
+        budget.flops_limit()
 
 
 # --- out of memory is a resource failure, not a verdict ----------------------------------------------------

@@ -23,7 +23,7 @@ def _lines(out: str) -> list[tuple]:
 
 
 @pytest.mark.distributed
-def test_off_a_terminal_check_prints_a_line_per_case_with_verdict_seconds_and_where_it_ran(capsys):
+def test_off_a_terminal_check_prints_a_line_per_case_with_verdict_seconds_and_where_it_ran(capsys, on_the_cpu):
     assert main(["check", "--cp", "2", "-k", "three-images-cp2-", "--impl", "reference", "mcore", "--split", "count",
                  "--loss", "rank", "--backend", "gloo"]) == 0
     out = capsys.readouterr().out

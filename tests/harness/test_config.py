@@ -59,7 +59,8 @@ def test_defaults_come_from_configure_before_the_environment(unconfigured):
     assert (config.default_backend(), config.default_timeout()) == ("nccl", 3.0)
 
 
-@pytest.mark.parametrize("name, value", [("VDPCP_BACKEND", "mpi"), ("VDPCP_TIMEOUT", "soon"), ("VDPCP_TIMEOUT", "-1")])
+@pytest.mark.parametrize("name, value", [("VDPCP_BACKEND", "mpi"), ("VDPCP_TIMEOUT", "soon"), ("VDPCP_TIMEOUT", "-1"),
+                                         ("VDPCP_TIMEOUT", "inf"), ("VDPCP_TIMEOUT", "nan")])
 def test_a_bad_setting_names_where_it_came_from(unconfigured, name, value):
     unconfigured.setenv(name, value)
     with pytest.raises(ValueError, match=f"{name} is '{value}'"):

@@ -30,7 +30,7 @@ def whoami(ctx, *args, **kwargs):
                 device=str(ctx.device), pid=os.getpid(), args=args, kwargs=kwargs)
 
 
-def test_results_are_indexed_by_rank_and_every_rank_gets_the_arguments():
+def test_results_are_indexed_by_rank_and_every_rank_gets_the_arguments(on_the_cpu):
     results = run_ranks(whoami, 4, 1, "two", three=3.0)
     assert [r["rank"] for r in results] == [0, 1, 2, 3]
     assert {(r["world_size"], r["group_size"]) for r in results} == {(4, 4)}

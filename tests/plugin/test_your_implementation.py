@@ -118,3 +118,15 @@ def test_an_implementation_that_skips_the_group_check_fails_the_mismatch_rows(pr
     assert main(["check", "--impl", "lax:impl", "--cp", "2", "-k", "config-cp4", "--json", str(project / "r.json")]) == 1
     record = json.loads((project / "r.json").read_text())["results"][0]
     assert record["why"].startswith("no rank reported 'vision_dp_over_cp does not match its process group'"), record
+
+
+@pytest.mark.parametrize("argv, tower", [((), "toy"), (("--vdpcp-tower", "real"), "real")])
+def test_the_matrix_cases_pytest_gets_carry_the_tower_size_asked_for(pytester, argv, tower):
+    """--vdpcp-tower reaches every vdpcp_case, so a GPU job that asks for the real size gets it, not the toy matrix
+    under another name. The bodies only read the case: no case runs."""
+    pytester.makepyfile(test_mine=f"""
+        def test_tower(vdpcp_case):
+            assert vdpcp_case.tower == {tower!r}, vdpcp_case.id
+    """)
+    result = pytester.runpytest("--vdpcp-impl", "reference", "--vdpcp-cp", "2", *argv, "-p", "no:randomly")
+    assert result.ret == pytest.ExitCode.OK and result.parseoutcomes()["passed"] >= 10, result.outlines[-3:]

@@ -21,12 +21,14 @@ def test_the_summary_gives_each_subjects_median_every_subjects_median_and_the_wa
     assert text[-1].startswith("6 cases, 4 passing, in 83.0 s wall")
 
 
-def test_a_case_too_large_for_this_machine_is_a_refused_line_and_the_selection_goes_on(capsys):
+def test_a_case_too_large_for_this_machine_is_a_refused_line_and_the_selection_goes_on(capsys, on_the_cpu):
     """On this CPU every real-size case is over a limit: each is a 'refused' line with the budget's one
-    line (which option overrides it), none runs, and the bench ends with its summary, exit 1, no traceback."""
+    line (which option overrides it), none runs, and the bench ends with its summary, exit 1, no traceback. On the
+    CPU by choice: gloo ranks, VDPCP_DEVICE unset (on a GPU these cases fit, and would run)."""
     from vdpcp.cli import main
 
-    assert main(["bench", "towers", "--impl", "reference", "--cp", "2", "-k", "three-images-cp2-reference-count"]) == 1
+    assert main(["bench", "towers", "--impl", "reference", "--cp", "2", "-k", "three-images-cp2-reference-count",
+                 "--backend", "gloo"]) == 1
     out = capsys.readouterr().out.splitlines()
     refused = [text for text in out if "  refused  " in text]
     assert refused and len(refused) == sum(text.startswith("three-images-cp2-reference-count") for text in out)

@@ -2,6 +2,7 @@
 a failure naming what changed when a case changed their weights or their tensors, and kept while those beyond the
 newest hold at most 2 GiB, the oldest dropped first (vdpcp.model_cache)."""
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +13,7 @@ from vdpcp.case import Case
 from vdpcp.impls import resolve
 from vdpcp.runner import run_judged
 from vdpcp.scenarios import SCENARIOS
+from vdpcp.spec import MicrobatchSpec
 
 SPEC = next(s.spec for s in SCENARIOS if s.spec.name == "three-images")
 
@@ -79,6 +81,80 @@ def test_the_shipped_subjects_say_what_their_build_reads():
     assert resolve("reference").model_key(case) == resolve("mcore").model_key(case)  # the same toy tower
     assert resolve("reference").model_key(case.with_(tower="real")) != resolve("reference").model_key(case)
     assert resolve("qwen2_5_vl").model_key(case.with_(tower="real")) == ("real", SPEC.patch_dim, 0)  # every spec alike
+
+
+def test_modes_are_given_back_per_module_as_built_in_a_model_mixed_in_modes():
+    """A tower built with a frozen part in eval (a dropout, a norm's statistics): a case that set every module to
+    train (or to eval) gets each module back as built, not all of them as the root was."""
+    impl = Keyed()
+    impl.build_model = lambda case, dtype, device: torch.nn.Sequential(
+        torch.nn.Linear(3, 3), torch.nn.Sequential(torch.nn.Dropout(0.1), torch.nn.Dropout(0.2)).eval()).double()
+    built = {"": True, "0": True, "1": False, "1.0": False, "1.1": False}
+    for case_sets in (True, False):
+        model, _ = _borrow(impl, seed=8)
+        model.train(case_sets)
+        assert model_cache.release(model) is None
+        assert {name: m.training for name, m in model.named_modules()} == built, case_sets
+
+
+# What a build may read of its case, each changed alone from BASE (a video, so tubelets show), and the subjects
+# whose build reads it. Every subject's key must change where its build does, and only there: a field left out of
+# the key hands one case the model built for another (fixed only by the cache being cold, so by test order); one
+# the build does not read costs a build per case. The real tower is too large to build here: its key is
+# test_the_shipped_subjects_say_what_their_build_reads's.
+BASE = MicrobatchSpec(images=((16, 16), (16, 16), (8, 24), (8, 24)), num_frames=(2, 2), temporal_patch_size=1, seed=1)
+TOY = ("reference", "mcore")
+CHANGES = {
+    "seed": (lambda case: case.with_(spec=replace(BASE, seed=2)), TOY + ("qwen2_5_vl", "automodel", "automodel-shipped")),
+    "patch_dim": (lambda case: case.with_(spec=replace(BASE, patch_dim=8)),
+                  TOY + ("qwen2_5_vl", "automodel", "automodel-shipped")),
+    "images": (lambda case: case.with_(spec=replace(BASE, images=((32, 32), (32, 32), (8, 24), (8, 24)))), TOY),
+    "temporal_patch_size": (lambda case: case.with_(spec=replace(BASE, temporal_patch_size=2)), TOY),
+    "even_pad": (lambda case: case.with_(even_pad=False), TOY),
+    "dtype": (lambda case: case.with_(dtype="float32"), TOY + ("qwen2_5_vl", "automodel", "automodel-shipped")),
+    "cp": (lambda case: case.with_(cp=4), ()),
+    "split": (lambda case: case.with_(split="balanced"), ()),
+}
+SUBJECTS = ("reference", "mcore", "qwen2_5_vl", "automodel", "automodel-shipped")
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+@pytest.fixture
+def cold_cache(monkeypatch):
+    """A rank's cache holding nothing, whatever the tests before left in it, and nothing left in it after."""
+    monkeypatch.setattr(model_cache, "_cache", model_cache.OrderedDict())
+    monkeypatch.setattr(model_cache, "_borrowed", {})
+
+
+def _made(model) -> tuple:
+    """What a build made: every tensor's name, shape, dtype and bits, and the model's config (a flag like the toy
+    tower's even-grid padding changes no weight)."""
+    state = model_cache._state(model)
+    return ([(n, tuple(t.shape), t.dtype) for n, t in state.items()], model_cache.fingerprint(model).tolist(),
+            repr(getattr(model, "config", None)))
+
+
+def _acquired(impl, subject, case):
+    return model_cache.acquire(impl, subject, case, DTYPES[case.dtype], torch.device("cpu"))
+
+
+@pytest.mark.parametrize("field", list(CHANGES))
+@pytest.mark.parametrize("subject", SUBJECTS)
+def test_a_case_gets_the_model_its_own_build_makes_whatever_field_changed(cold_cache, subject, field):
+    impl, (change, read_by) = resolve(subject), CHANGES[field]
+    base = Case(BASE, 2, subject)
+    case = change(base)
+    first, _ = _acquired(impl, subject, base)
+    before = _made(first)
+    model_cache.release(first)
+    got, how = _acquired(impl, subject, case)
+    try:
+        own = _made(impl.build_model(case, DTYPES[case.dtype], torch.device("cpu")))
+        assert (own != before) == (subject in read_by), f"{subject}'s build reads the {field}: expected {subject in read_by}"
+        assert _made(got) == own, f"{subject}: the {field} changed, and the cache handed back the other case's model"
+        assert how == ("built" if subject in read_by else "reused"), (subject, field, how)
+    finally:
+        model_cache.release(got)
 
 
 @pytest.mark.distributed

@@ -137,3 +137,26 @@ def test_the_pytest_plugin_refuses_a_value_out_of_range_as_a_usage_error(option,
     result = pytester.runpytest(f"{option}={value}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert any(option in line and expected in line for line in result.errlines), result.errlines
+
+
+NON_FINITE = ("inf", "-inf", "nan")
+OPTIONS = list(dict.fromkeys((tuple(before), option) for before, option, _, _ in REFUSED))
+
+
+@pytest.mark.parametrize("before, option", OPTIONS, ids=[f"{' '.join(b)} {o}" for b, o in OPTIONS])
+def test_a_non_finite_number_is_refused_by_every_numeric_option(before, option, capsys, no_rank_starts):
+    """inf passes any lower bound (--timeout inf would wait for a hung rank forever) and nan fails every comparison
+    the wrong way round in code that asks `value > limit`: each is one line naming the option, exit 2. Given as
+    --option=value: argparse takes a bare -inf for an option of its own."""
+    for value in NON_FINITE:
+        assert main([*before, f"{option}={value}"]) == 2, f"{' '.join(before)} {option}={value} was accepted"
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and option in err and repr(value) in err, err
+
+
+@pytest.mark.parametrize("option", [o for o, _, _ in PYTEST_REFUSED])
+def test_the_pytest_plugin_refuses_a_non_finite_number_as_a_usage_error(option, pytester, no_rank_starts):
+    for value in NON_FINITE:
+        result = pytester.runpytest(f"{option}={value}")
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, (option, value)
+        assert any(option in line and repr(value) in line for line in result.errlines), result.errlines

@@ -108,3 +108,20 @@ def test_a_low_precision_gradient_sketches_in_float64():
 
 def test_it_pays_only_for_more_elements_than_its_width():
     assert not sketch.pays(sketch.WIDTH) and sketch.pays(sketch.WIDTH + 1)
+
+
+def test_at_the_shipped_chunk_every_chunk_of_every_parameter_hashes_on_its_own():
+    """Parameters spanning several of the shipped chunks, as a real tower's largest do (Qwen2.5-VL-7B's merger: 26M
+    elements, seven chunks): one 1 at the same offset of every chunk lands alone in its bucket, so the squared norm of
+    the sketch is exactly their count. A chunk hashed as another (a seed from the wrong offset: parameter k's fifth
+    chunk seeded as parameter k + 1's first) puts two of them in one bucket with one sign: 2 more, or 2 fewer."""
+    chunk = sketch.CHUNK
+    sizes = (4 * chunk + 3, 2 * chunk, 3)  # five chunks, the last short; two; one, short
+    params, ones = [], 0
+    for size in sizes:
+        t = torch.zeros(size, dtype=torch.bfloat16)  # sketched in float64 a chunk at a time, 32 MB each
+        t[2::chunk] = 1.0
+        params.append(t)
+        ones += len(range(2, size, chunk))
+    got, _ = sketch.sketch(zip(params, [None] * len(params)), "cpu")
+    assert ones == 8 and float(got.square().sum()) == ones

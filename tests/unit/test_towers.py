@@ -71,7 +71,7 @@ def test_every_named_mutant_has_a_kill_set_at_the_real_size(name):
     assert _kill_set(MUTANTS[name].kills, matrix, "reference", "real")
 
 
-def test_a_real_size_case_on_the_cpu_is_refused_up_front_naming_what_overrides_it(capsys, no_rank_starts):
+def test_a_real_size_case_on_the_cpu_is_refused_up_front_naming_what_overrides_it(capsys, no_rank_starts, on_the_cpu):
     assert main(["check", "--tower", "real", "--cp", "2", "-k", "one-image-cp2-reference", "--backend", "gloo"]) == 2
     (memory,) = capsys.readouterr().err.strip().splitlines()
     assert "with the real-size tower" in memory and "--max-spec-bytes" in memory, memory

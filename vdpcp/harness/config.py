@@ -7,6 +7,7 @@ Strongest first: the argument to run_ranks; configure() (the pytest plugin calls
 """
 
 import functools
+import math
 import os
 from contextlib import contextmanager
 
@@ -118,6 +119,6 @@ def _checked_timeout(value, source: str) -> float:
         seconds = float(value)
     except ValueError:
         seconds = 0.0
-    if not seconds > 0:
+    if not (math.isfinite(seconds) and seconds > 0):  # inf would wait on a hung rank forever
         raise ValueError(f"{source} is {value!r}; expected a positive number of seconds")
     return seconds
