@@ -106,11 +106,13 @@ def check_record(row: CheckRow) -> dict:
         "config_cp": case.config_cp,
         "backend": result.backend,
         "device": result.device,
+        "collectives": result.collectives,
         "verdict": row.verdict,
         "why": row.why,
         "seconds": round(row.seconds, 3),
         "ranks": [
-            {"rank": r.rank, "cp_rank": r.cp_rank, "backend": r.backend, "device": r.device, "encoded": r.encoded,
+            {"rank": r.rank, "cp_rank": r.cp_rank, "backend": r.backend, "device": r.device,
+             "collectives": r.collectives, "encoded": r.encoded,
              "images": r.images, "placeholders": r.placeholders, "patches": r.patches,
              **{attr: _finite(getattr(r, attr)) for attr, _ in ERRORS}, "failures": r.failures}
             for r in result.ranks

@@ -68,6 +68,11 @@ class CaseResult:
         return unsharded + [f"rank {r.rank}: {msg}" for verdict in RUN_VERDICTS if verdict in MESSAGES
                             for r in self.ranks for msg in getattr(r, MESSAGES[verdict])]
 
+    @property
+    def collectives(self) -> str:
+        """What stood in for torch's collectives on any rank (vdpcp.gloo_collectives), or nothing."""
+        return "; ".join(sorted({r.collectives for r in self.ranks if r.collectives}))
+
     def max_err(self, attr: str) -> float:
         return max((getattr(r, attr) for r in self.ranks), default=float("nan"))
 
@@ -77,6 +82,8 @@ class CaseResult:
         replicated = next((r.replicated for r in self.ranks if r.replicated), None)
         if replicated:
             lines.append(f"  replicated by the implementation's policy: {replicated}")
+        if self.collectives:
+            lines.append(f"  collectives: {self.collectives}")
         for r in self.ranks:
             lines.append(f"  rank {r.rank}: {r.images} images, {r.placeholders} placeholders, {r.patches} patches"
                          + (f", its tower saw {r.encoded} rows" if r.encoded >= 0 else ""))

@@ -14,7 +14,6 @@ import importlib
 from importlib.metadata import entry_points
 
 from vdpcp.protocol import (
-    GLOO_NN_SUBGROUP,
     GROUP_MISMATCH_TEXT,
     REQUIRED,
     Adapted,
@@ -35,7 +34,7 @@ SHIPPED = {"reference": "vdpcp.impls.reference:reference", "mcore": "vdpcp.impls
            "qwen2_5_vl": "vdpcp.impls.qwen2_5_vl:qwen2_5_vl", "automodel": "vdpcp.impls.automodel:automodel",
            "automodel-shipped": "vdpcp.impls.automodel:automodel_shipped"}
 
-__all__ = ["GLOO_NN_SUBGROUP", "GROUP_MISMATCH_TEXT", "GroupMismatchError", "ImplError", "Implementation", "KnownLimit",
+__all__ = ["GROUP_MISMATCH_TEXT", "GroupMismatchError", "ImplError", "Implementation", "KnownLimit",
            "MediaAxes", "Ownership", "VisionDPConfig",
            "available", "check_group", "resolve"]
 
