@@ -68,10 +68,7 @@ class MCore(Implementation):
 
     def encode_sharded(self, model, batch, config, group):
         from megatron.core import parallel_state as ps
-        from megatron.core.models.multimodal.context_parallel import (
-            gather_from_context_parallel_ranks_dynamic_res,
-            split_to_context_parallel_ranks_dynamic_res,
-        )
+        from megatron.core.models.multimodal.context_parallel import split_to_context_parallel_ranks_dynamic_res
         from megatron.core.packed_seq_params import PackedSeqParams
 
         ensure_parallel_state(dist.get_world_size(group))  # MCore's groups follow the world; the config may disagree
@@ -92,7 +89,13 @@ class MCore(Implementation):
             num_frames=torch.tensor(spec.media_frames) if T > 1 else None,
             temporal_patch_size=T,
         )
-        projected = model.project(model.encode(local, local_sizes, local_frames))
+        return self.encode_local(model, local, local_sizes, local_frames, num_padded_ranks)
+
+    def encode_local(self, model, patches, imgs_sizes, num_frames, num_padded_ranks):
+        """This rank's share of MCore's split through the tower and the projector, then MCore's gather."""
+        from megatron.core.models.multimodal.context_parallel import gather_from_context_parallel_ranks_dynamic_res
+
+        projected = model.project(model.encode(patches, imgs_sizes, num_frames))
         return gather_from_context_parallel_ranks_dynamic_res(projected, num_padded_ranks)
 
     def plan(self, spec, config):
