@@ -3,7 +3,7 @@ gradient each rank's inputs must get, with uneven (and empty) sizes, on the CP g
 ranks 0..n-1) and on the whole world, at CP 2 and 4, in float64 and bf16; and torch's name restored after.
 
 torch.distributed.nn's own gloo fallback fails each of these layouts but the even, first-group one (the module's
-docstring says why); the mcore case tests at the end show the swap is what lets MCore's gather backward run.
+docstring says why); tests/impls/test_mcore_on_gloo.py shows MCore's gather backward running on gloo through it.
 """
 
 import pytest
@@ -38,19 +38,19 @@ def weight(receiver: int, sender: int, dtype) -> torch.Tensor:
 def all_to_all_by_definition(ctx, cp: int, dp: int, dtype):
     """Each rank of a CP group sends its group peer j ``sent(i, j)`` through torch.distributed.nn's all_to_all
     (as MCore's gather does) within gloo_collectives.on_gloo; checks outputs and input gradients by hand."""
-    mine = groups(Layout(cp=cp, dp=dp))
+    mine, on = groups(Layout(cp=cp, dp=dp)), dict(device=ctx.device)  # a GPU shared by gloo ranks: VDPCP_DEVICE=cuda
     i = mine.cp_rank
-    inputs = [sent(i, j, dtype).requires_grad_(True) for j in range(cp)]
-    outputs = [torch.empty(rows(j, i), WIDTH, dtype=dtype) for j in range(cp)]
+    inputs = [sent(i, j, dtype).to(**on).requires_grad_(True) for j in range(cp)]
+    outputs = [torch.empty(rows(j, i), WIDTH, dtype=dtype, **on) for j in range(cp)]
     with gloo_collectives.on_gloo(mine.cp) as swap:
         assert dist_nn._AlltoAll is swap and swap is not None
         got = dist_nn.all_to_all(outputs, inputs, group=mine.cp)
-        sum((weight(i, j, dtype) * out).sum() for j, out in enumerate(got)).backward()
+        sum((weight(i, j, dtype).to(**on) * out).sum() for j, out in enumerate(got)).backward()
     assert dist_nn._AlltoAll is TORCHS  # restored
     for j, out in enumerate(got):  # rank j's message to me, in my slot j
-        assert torch.equal(out, sent(j, i, dtype)), f"cp rank {i} got {out} from {j}"
+        assert torch.equal(out.cpu(), sent(j, i, dtype)), f"cp rank {i} got {out} from {j}"
     for j, x in enumerate(inputs):  # what I sent j was weighted on j by weight(j, i): that is its gradient
-        assert torch.equal(x.grad, weight(j, i, dtype)), f"cp rank {i}: grad of what it sent {j}"
+        assert torch.equal(x.grad.cpu(), weight(j, i, dtype)), f"cp rank {i}: grad of what it sent {j}"
     return swap.calls, gloo_collectives.used(swap)
 
 
@@ -66,7 +66,7 @@ def all_gather_backward(ctx, cp: int, dp: int):
     sum) must give each rank the sum over its peers of the weight they put on its tensor."""
     mine = groups(Layout(cp=cp, dp=dp))
     i = mine.cp_rank
-    x = torch.full((2, WIDTH), float(i), dtype=torch.float64, requires_grad=True)
+    x = torch.full((2, WIDTH), float(i), dtype=torch.float64, device=ctx.device, requires_grad=True)
     with gloo_collectives.on_gloo(mine.cp) as swap:
         shards = dist_nn.all_gather(x, group=mine.cp)
         sum((10.0 ** r) * (j + 1) * shard.sum() for j, shard in enumerate(shards) for r in [i]).backward()
