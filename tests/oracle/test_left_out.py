@@ -5,10 +5,12 @@ has such a limit on gloo now (MCore's gather backward runs there: vdpcp.gloo_col
 declares one (tests.oracle.subjects.BackwardRefused)."""
 
 import json
+import unittest
 
 from vdpcp import scenarios, testing
 from vdpcp.cli import main
 from vdpcp.expectations import known_limit
+from vdpcp.testing import assert_case, expand
 
 SUBJECT = "tests.oracle.subjects:backward_refused"
 
@@ -66,3 +68,20 @@ def test_check_lists_without_them_and_says_what_it_left_out(tmp_path, capsys):
                      "cases": ["eleven-images-cp2-backward-refused-count-zigzag"]}
     assert ("1 more gradient case(s) that backward-refused stops on gloo are left out, confirmed by "
             "eleven-images-cp2-backward-refused-count; their outputs run in their -outputs cases") in out
+
+
+def test_unittest_runs_the_confirming_case_as_a_strict_xfail_and_leaves_the_others_out():
+    three = [s for s in scenarios.scenarios() if s.spec.name == "three-images"]
+
+    class TestRefused(unittest.TestCase):
+        @expand(SUBJECT, cps=(2,), table=three, special=False)
+        def test(self, _, case):
+            assert_case(case)
+
+    names = unittest.TestLoader().getTestCaseNames(TestRefused)
+    assert "test_three_images_cp2_backward_refused_count" in names and not any("zigzag" in n for n in names)
+    with open("/dev/null", "w") as quiet:
+        outcome = unittest.TextTestRunner(stream=quiet).run(unittest.TestLoader().loadTestsFromTestCase(TestRefused))
+    assert outcome.wasSuccessful(), outcome.failures + outcome.errors
+    assert [(test.id().rsplit(".", 1)[1], str(reason).startswith("xfail (strict)")) for test, reason in outcome.skipped] \
+        == [("test_three_images_cp2_backward_refused_count", True)]
