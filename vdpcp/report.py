@@ -125,7 +125,8 @@ def check_record(row: CheckRow) -> dict:
 def check_junit(row: CheckRow) -> dict:
     junit = _junit_case(row.case.id, f"vdpcp.check.{row.family}", row.seconds, row.verdict,
                         row.why or _first_failure(row.result), row.result.summary())
-    junit["properties"] = {"backend": row.result.backend, "device": row.result.device, "verdict": row.verdict}
+    junit["properties"] = {"backend": row.result.backend, "device": row.result.device, "verdict": row.verdict,
+                           **({"collectives": row.result.collectives} if row.result.collectives else {})}
     return junit
 
 

@@ -4,9 +4,13 @@ planted bugs that only gradients show (tests/impls/broken_mcore.py) are killed b
 check and the rank named; and each rank's report names the all_to_all that ran. The count over the whole sharded
 matrix is scripts/mcore_mutant_kills.py's (docs/power.md)."""
 
+import json
+import xml.etree.ElementTree as ET
+
 import pytest
 
 from vdpcp import gloo_collectives, scenarios
+from vdpcp.cli import main
 from vdpcp.runner import run_judged
 
 CASES = {case.id: case for case in scenarios.matrix(cps=(2,), impls=("mcore",))}
@@ -42,3 +46,16 @@ def test_an_implementation_that_never_calls_torch_distributed_nn_is_not_said_to_
     (case,) = [c for c in reference if c.id == "three-images-cp2-reference-count"]
     judged = run_judged(case, backend="gloo")
     assert judged.verdict == "pass" and judged.result.collectives == ""
+
+
+def test_check_names_it_in_the_json_per_case_and_rank_in_the_junit_and_under_the_table(tmp_path, capsys):
+    assert main(["check", "--cp", "2", "--impl", "mcore", "-k", "three-images-cp2-mcore-count", "--backend", "gloo",
+                 "--json", str(tmp_path / "r.json"), "--junit-xml", str(tmp_path / "r.xml")]) == 0
+    assert "2 case(s) ran with " + gloo_collectives.NOTE in capsys.readouterr().out
+    records = {r["id"]: r for r in json.loads((tmp_path / "r.json").read_text())["results"]}
+    sharded = ["three-images-cp2-mcore-count", "three-images-cp2-mcore-count-zigzag"]
+    for case_id, record in records.items():  # the opt-out and the mismatched config issue no all_to_all
+        said = gloo_collectives.NOTE if case_id in sharded else ""
+        assert [record["collectives"]] + [r["collectives"] for r in record["ranks"]] == [said] * (1 + len(record["ranks"]))
+    properties = ET.parse(tmp_path / "r.xml").getroot().findall("testcase/properties/property[@name='collectives']")
+    assert [p.get("value") for p in properties] == [gloo_collectives.NOTE] * 2
