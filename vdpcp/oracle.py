@@ -28,6 +28,9 @@ summed over ranks. ``grads=False`` checks outputs only; so does a forward-only i
 assert_close's; below it, vdpcp.precision (each quantity within the dtype's rtol plus twice this case's own
 unsharded run's measured distance from a higher-precision run).
 
+On a gloo CP group the sharded arm runs with torch.distributed.nn's all_to_all made right for gloo (uneven sizes,
+any subgroup: vdpcp.gloo_collectives), and each rank's result names it where it ran (RankResult.collectives).
+
 The model is borrowed from the rank's cache (vdpcp.model_cache): the unsharded arm runs on it, its gradients are
 set aside, and the sharded arm runs on the same weights (or on ``subject_model``'s split of them). Ranks sharing
 one GPU take turns for the unsharded arm and its exact run where the case would not fit otherwise (vdpcp.budget).
@@ -42,7 +45,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from vdpcp import budget, comm, model_cache, precision, sketch
+from vdpcp import budget, comm, gloo_collectives, model_cache, precision, sketch
 from vdpcp.case import Case, RankResult
 from vdpcp.harness.turns import turn
 from vdpcp.layout import zigzag_positions
@@ -91,7 +94,9 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
             _give_back(ctx)
         memory.phase("unsharded peak")
         if unsharded is not None:
-            _sharded(impl, case, model, unsharded, result, groups, clock)
+            with gloo_collectives.on_gloo(groups.cp) as swap:  # torch.distributed.nn's gloo all_to_all, made right
+                _sharded(impl, case, model, unsharded, result, groups, clock)
+            result.collectives = gloo_collectives.used(swap)
             memory.phase("sharded peak")
     finally:
         problem = model_cache.release(model)

@@ -159,19 +159,6 @@ class KnownLimit:
         return any(text in failure for text in (self.signature, *self.alternatives))
 
 
-# Measured here (torch 2.14): torch.distributed.nn.functional's all_to_all falls back on gloo to one scatter per
-# rank and passes the group rank i as if it were the global rank of the source, so on any process group that is
-# not ranks 0..n-1 (a CP group of the second DP replica) it raises. all_gather's backward goes through it too.
-# Any implementation whose gather uses those autograd collectives meets it in a CP x DP layout on gloo.
-GLOO_NN_SUBGROUP = KnownLimit(
-    "gloo-nn-collective-subgroup",
-    "torch.distributed.nn.functional's all_to_all (also all_gather's backward) on gloo scatters from group rank i "
-    "passed as global rank i, so it raises on any CP group but the first (data parallelism around CP); it runs "
-    "for real on NCCL",
-    "is not part of group",
-)
-
-
 @dataclass(frozen=True)
 class Ownership:
     """Which CP rank encodes which microbatch row, as an implementation plans it.

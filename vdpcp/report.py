@@ -106,11 +106,13 @@ def check_record(row: CheckRow) -> dict:
         "config_cp": case.config_cp,
         "backend": result.backend,
         "device": result.device,
+        "collectives": result.collectives,
         "verdict": row.verdict,
         "why": row.why,
         "seconds": round(row.seconds, 3),
         "ranks": [
-            {"rank": r.rank, "cp_rank": r.cp_rank, "backend": r.backend, "device": r.device, "encoded": r.encoded,
+            {"rank": r.rank, "cp_rank": r.cp_rank, "backend": r.backend, "device": r.device,
+             "collectives": r.collectives, "encoded": r.encoded,
              "images": r.images, "placeholders": r.placeholders, "patches": r.patches,
              **{attr: _finite(getattr(r, attr)) for attr, _ in ERRORS}, "unchecked_grads": r.unchecked_grads,
              "failures": r.failures}
@@ -124,7 +126,8 @@ def check_record(row: CheckRow) -> dict:
 def check_junit(row: CheckRow) -> dict:
     junit = _junit_case(row.case.id, f"vdpcp.check.{row.family}", row.seconds, row.verdict,
                         row.why or _first_failure(row.result), row.result.summary())
-    junit["properties"] = {"backend": row.result.backend, "device": row.result.device, "verdict": row.verdict}
+    junit["properties"] = {"backend": row.result.backend, "device": row.result.device, "verdict": row.verdict,
+                           **({"collectives": row.result.collectives} if row.result.collectives else {})}
     return junit
 
 

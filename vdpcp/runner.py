@@ -73,6 +73,11 @@ class CaseResult:
         """Why this case's gradients were not checked although it asks for them (a forward-only implementation)."""
         return next((r.unchecked_grads for r in self.ranks if r.unchecked_grads), None)
 
+    @property
+    def collectives(self) -> str:
+        """What stood in for torch's collectives on any rank (vdpcp.gloo_collectives), or nothing."""
+        return "; ".join(sorted({r.collectives for r in self.ranks if r.collectives}))
+
     def max_err(self, attr: str) -> float:
         return max((getattr(r, attr) for r in self.ranks), default=float("nan"))
 
@@ -82,6 +87,8 @@ class CaseResult:
         replicated = next((r.replicated for r in self.ranks if r.replicated), None)
         if replicated:
             lines.append(f"  replicated by the implementation's policy: {replicated}")
+        if self.collectives:
+            lines.append(f"  collectives: {self.collectives}")
         for r in self.ranks:
             lines.append(f"  rank {r.rank}: {r.images} images, {r.placeholders} placeholders, {r.patches} patches"
                          + (f", its tower saw {r.encoded} rows" if r.encoded >= 0 else ""))

@@ -288,9 +288,9 @@ def confirm_once(cases: list[Case], backend_of) -> tuple[list[Case], list[LeftOu
     a case's backend (``backend_of(case)``) is confirmed by its first case of each implementation, CP size,
     layout and dtype, a strict xfail that must still fail the known way; its other gradient cases there are left
     out when their outputs-only case is in ``cases`` (the outputs are what such a case can check on that
-    backend; its gradients run for real where the limit does not apply, e.g. MCore's on NCCL). On gloo MCore's
-    gather backward stops 59 of its 88 gradient cases, each one a case, a fault and fresh rank workers (about
-    1 s of this 2-core machine) to say the same thing."""
+    backend; its gradients run for real where the limit does not apply). Each stopped case would be a fault and
+    fresh rank workers (about 1 s of this 2-core machine) to say the same thing: MCore's gather backward stopped 59
+    of its 88 gradient cases on gloo this way, before vdpcp.gloo_collectives."""
     from vdpcp.expectations import known_limit
 
     ids = {case.id for case in cases}

@@ -7,9 +7,10 @@ import json
 
 import pytest
 
+from tests.oracle import subjects
 from vdpcp import expectations, scenarios
 from vdpcp.case import Case, RankResult
-from vdpcp.impls import GROUP_MISMATCH_TEXT, mcore
+from vdpcp.impls import GROUP_MISMATCH_TEXT
 from vdpcp.plan import STRATEGIES
 from vdpcp.runner import CaseResult
 from vdpcp.spec import MicrobatchSpec, SpecError
@@ -65,24 +66,23 @@ def test_layouts_put_data_parallel_replicas_around_cp_for_both_impls():
     assert {impl for _, _, impl in layouts} == {"reference", "mcore"}
 
 
+REFUSED = "tests.oracle.subjects:backward_refused"  # declares a limit of its backward alone on gloo
+
+
 def test_every_case_whose_backward_alone_hits_a_limit_also_runs_outputs_only():
-    uneven = [c for c in _cases(impl="mcore", loss="rank", grads=True)
-              if expectations.known_limit(c, "gloo") is mcore.GLOO_GATHER_BACKWARD]
-    assert len(uneven) > 40
-    for case in uneven:
-        assert case.with_(grads=False) in MATRIX, case.id
+    matrix = scenarios.matrix(impls=(REFUSED,))
+    limited = [c for c in matrix if c.loss == "rank" and c.grads
+               and expectations.known_limit(c, "gloo") is subjects.BACKWARD_REFUSED]
+    assert len(limited) >= 40
+    for case in limited:
+        assert case.with_(grads=False) in matrix, case.id
 
 
-def test_gloo_gather_limit_follows_the_per_rank_token_counts():
-    spec = MicrobatchSpec(images=((16, 16),) * 4, name="t")
-    even, uneven = Case(spec, 2, "mcore"), Case(spec.__class__(images=((16, 16),) * 3, name="u"), 2, "mcore")
-    tokens = lambda case: mcore.rank_tokens(case.spec, case.config)  # noqa: E731
-    assert tokens(even) == [8, 8] and expectations.known_limit(even, "gloo") is None
-    assert tokens(uneven) == [4, 8]
-    assert expectations.known_limit(uneven, "gloo") is mcore.GLOO_GATHER_BACKWARD
-    assert expectations.known_limit(uneven, "nccl") is None  # runs for real on NCCL
-    assert expectations.known_limit(uneven.with_(grads=False), "gloo") is None  # the outputs are always checked
-    assert expectations.known_limit(uneven.with_(impl="reference"), "gloo") is None
+def test_mcore_meets_no_limit_on_gloo_that_it_does_not_meet_on_nccl_and_has_no_outputs_only_cases():
+    # Its gather's backward runs on gloo (vdpcp.gloo_collectives): every gradient case is judged there.
+    cases = _cases(impl="mcore")
+    assert all(expectations.known_limit(c, "gloo") is expectations.known_limit(c, "nccl") for c in cases)
+    assert all(c.grads for c in cases)
 
 
 def _result(case, error=None, failures=(), backend="gloo"):
@@ -91,8 +91,8 @@ def _result(case, error=None, failures=(), backend="gloo"):
 
 
 def test_judge_strict_xfail():
-    case = Case(MicrobatchSpec(images=((16, 16),) * 3, name="u"), 2, "mcore")
-    limit = mcore.GLOO_GATHER_BACKWARD
+    case = Case(MicrobatchSpec(images=((16, 16),) * 3, name="u"), 2, REFUSED)
+    limit = subjects.BACKWARD_REFUSED
     assert expectations.judge(_result(case, error=f"rank 0 raised RuntimeError: {limit.signature} at index 1"))[0] == "xfail"
     assert expectations.judge(_result(case))[0] == "xpass"  # the limit is gone: a failure
     assert expectations.judge(_result(case, error="rank 1 raised ValueError: something else"))[0] == "error"

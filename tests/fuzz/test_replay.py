@@ -130,14 +130,15 @@ def test_pytest_replay_passes_as_specified_and_collects_nothing_else(pytester, t
 
 
 def test_replay_of_a_known_limit_is_an_xfail_with_its_reason_in_replay_and_pytest(pytester, tmp_path, capsys):
-    spec = write(tmp_path, {"name": "three-cp2", "images": [[16, 16], [16, 16], [16, 32]]})  # uneven tokens
-    assert main(["replay", str(spec), "--impl", "mcore", "--backend", "gloo"]) == 0
+    spec = write(tmp_path, {"name": "three-cp2", "images": [[16, 16], [16, 16], [16, 32]]})  # 3 images over 2 ranks
+    subject = "tests.oracle.subjects:backward_refused"  # its backward refuses that on gloo, a declared limit
+    assert main(["replay", str(spec), "--impl", subject, "--backend", "gloo"]) == 0
     out = capsys.readouterr().out
-    assert "verdict: xfail (gloo-gather-backward: MCore's gather_from_context_parallel_ranks_dynamic_res" in out, out
+    assert "verdict: xfail (backward-refused: its gather's backward refuses" in out, out
     assert "--outputs-only" in out
-    assert main(["replay", str(spec), "--impl", "mcore", "--backend", "gloo", "--outputs-only"]) == 0
+    assert main(["replay", str(spec), "--impl", subject, "--backend", "gloo", "--outputs-only"]) == 0
     assert "verdict: pass" in capsys.readouterr().out.splitlines()
-    result = pytester.runpytest("--replay", str(spec), "--replay-impl", "mcore", "--backend", "gloo")
+    result = pytester.runpytest("--replay", str(spec), "--replay-impl", subject, "--backend", "gloo")
     result.assert_outcomes(xfailed=1)
 
 

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from vdpcp.impls.reference import Reference
 from vdpcp.mutants import gradient_changed
-from vdpcp.protocol import GROUP_MISMATCH_TEXT, GroupMismatchError, MediaAxes, MismatchError, check_group
+from vdpcp.protocol import GROUP_MISMATCH_TEXT, GroupMismatchError, KnownLimit, MediaAxes, MismatchError, check_group
 from vdpcp.spec import MicrobatchSpec
 
 
@@ -198,6 +198,42 @@ class ChangesItsWeights(Reference):
         return out
 
 
+def _uneven(spec, cp: int) -> bool:
+    return cp > 1 and len(spec.images) % cp != 0
+
+
+BACKWARD_REFUSED = KnownLimit("backward-refused", "its gather's backward refuses shards of unequal image counts on gloo",
+                              "backward refused: the images do not divide over the CP ranks", grads_only=True)
+
+
+class BackwardRefused(Reference):
+    """Right forward; on gloo its gather's backward raises on every rank when the images do not divide evenly over
+    the CP ranks, and it declares that as a known limit of the backward alone (KnownLimit.grads_only), as a
+    subject whose collective's gloo fallback cannot take uneven sizes would."""
+
+    name = "backward-refused"
+    splits = ("count",)
+    tensor_parallel = ()
+
+    def encode_sharded(self, model, batch, config, group):
+        out = super().encode_sharded(model, batch, config, group)
+        cp = dist.get_world_size(group)
+        if not (config.shard_vision and _uneven(batch.spec, cp) and cp == dist.get_world_size()
+                and dist.get_backend(group) == "gloo"):
+            return out
+
+        def refuse(grad):
+            raise RuntimeError(BACKWARD_REFUSED.signature)
+
+        return gradient_changed(out, refuse)
+
+    def known_limit(self, case, backend):
+        # Its outputs-only twin passes; in a CP x DP layout its backward runs.
+        sharded = case.grads and case.config.shard_vision and case.config_cp is None and case.dp == 1
+        return BACKWARD_REFUSED if backend == "gloo" and sharded and _uneven(case.spec, case.cp) else None
+
+
+backward_refused = BackwardRefused()
 batch_variant = BatchVariant()
 batch_variant_one_row_wrong = BatchVariantOneRowWrong()
 changes_its_weights = ChangesItsWeights()

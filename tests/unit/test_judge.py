@@ -9,7 +9,7 @@ import pytest
 
 from vdpcp import expectations
 from vdpcp.case import Case, RankResult
-from vdpcp.impls import GROUP_MISMATCH_TEXT, KnownLimit, mcore
+from vdpcp.impls import GROUP_MISMATCH_TEXT, KnownLimit
 from vdpcp.runner import CaseResult
 from vdpcp.spec import MicrobatchSpec
 
@@ -79,17 +79,33 @@ def test_a_passing_known_limit_case_is_an_xpass_and_fails():
     assert verdict == "xpass" and verdict not in expectations.PASSING
 
 
+SCATTER, SUBGROUP = "ProcessGroupGloo::scatter: invalid tensor size", "is not part of group"
+# A collective limit ranks meet two ways (a shape error on the first group's ranks, a group error on the others):
+# which rank raises first decides the case's text.
+TWO_WAYS = KnownLimit("two-ways", "a gloo collective that fails two ways", SUBGROUP, alternatives=(SCATTER,))
+
+
+class Raising(Limited):
+    """Declares a limit whose failure is an error a rank raises; TWO_WAYS in a CP x DP layout."""
+
+    def known_limit(self, case, backend):
+        if backend != "gloo":
+            return None
+        return TWO_WAYS if case.dp > 1 else KnownLimit("scatter", "a gloo scatter of uneven sizes", SCATTER)
+
+
+RAISING = Raising()
+
+
 @pytest.mark.parametrize("text, verdict", [
-    (f"failed on 2 of 2 ranks: rank 0 raised RuntimeError: {mcore.GLOO_GATHER_BACKWARD.signature}; rank 1 hung", "xfail"),
+    (f"failed on 2 of 2 ranks: rank 0 raised RuntimeError: {SCATTER}; rank 1 hung", "xfail"),
     ("failed on 2 of 2 ranks: rank 0 raised RuntimeError: Connection closed by peer; rank 1 hung", "error"),
 ])
 def test_an_error_is_an_xfail_only_with_the_signature(text, verdict):
-    uneven = Case(SPEC, 2, "mcore")
-    assert expectations.known_limit(uneven, "gloo") is mcore.GLOO_GATHER_BACKWARD
-    assert expectations.judge(_result(uneven, error=text))[0] == verdict
-
-
-SCATTER, SUBGROUP = mcore.GLOO_GATHER_BACKWARD.signature, mcore.GLOO_NN_SUBGROUP.signature
+    case = Case(SPEC, 2, "tests.unit.test_judge:RAISING")
+    assert expectations.known_limit(case, "gloo").signature == SCATTER
+    assert expectations.known_limit(case, "nccl") is None
+    assert expectations.judge(_result(case, error=text))[0] == verdict
 
 
 @pytest.mark.parametrize("text, verdict", [
@@ -98,10 +114,8 @@ SCATTER, SUBGROUP = mcore.GLOO_GATHER_BACKWARD.signature, mcore.GLOO_NN_SUBGROUP
     ("failed on 4 of 4 ranks: rank 0 raised RuntimeError: Connection closed by peer; rank 1 hung", "error"),
 ], ids=["first-group-scatter", "other-group-subgroup", "neither"])
 def test_a_limit_met_two_ways_is_an_xfail_with_either_signature_and_only_then(text, verdict):
-    # MCore's gather on gloo in a CP x DP layout with unequal token counts: which rank raises first decides the text.
-    layered = Case(SPEC, 2, "mcore", dp=2)
-    limit = expectations.known_limit(layered, "gloo")
-    assert limit.name == mcore.GLOO_NN_SUBGROUP.name and limit.alternatives == (SCATTER,)
+    layered = Case(SPEC, 2, "tests.unit.test_judge:RAISING", dp=2)
+    assert expectations.known_limit(layered, "gloo") is TWO_WAYS
     verdict_seen, why = expectations.judge(_result(layered, error=text))
     assert verdict_seen == verdict, why
     if verdict == "error":
@@ -109,7 +123,7 @@ def test_a_limit_met_two_ways_is_an_xfail_with_either_signature_and_only_then(te
 
 
 def test_a_check_failure_on_a_case_whose_limit_is_an_error_fails():
-    uneven = Case(SPEC, 2, "mcore")
+    uneven = Case(SPEC, 2, "tests.unit.test_judge:RAISING")
     assert expectations.judge(_result(uneven, [OUTPUTS], []))[0] == "fail"
 
 

@@ -27,8 +27,8 @@ def test_a_pass_is_its_position_id_verdict_seconds_and_where_it_ran():
 
 
 def test_a_non_pass_adds_its_why_or_else_the_first_failure_on_one_line():
-    xfail = progress.Finished.of("c", _judged("xfail", why="gloo-gather-backward: MCore's gather ..."), 1)
-    assert progress.line(xfail).endswith("xfail  1.00 s  gloo/cpu  gloo-gather-backward: MCore's gather ...")
+    xfail = progress.Finished.of("c", _judged("xfail", why="mcore-empty-microbatch: MCore pads ..."), 1)
+    assert progress.line(xfail).endswith("xfail  1.00 s  gloo/cpu  mcore-empty-microbatch: MCore pads ...")
     error = _judged("error", backend="nccl", devices=(), failures=["\nrank 1 raised ImportError: cannot import name 'x'\n  tb"])
     assert progress.line(progress.Finished.of("c", error, 9)) == "c  error  9.00 s  nccl  rank 1 raised ImportError: cannot import name 'x'"
     long = progress.line(progress.Finished.of("c", _judged("fail", why="a\nb " + "x" * 1000), 1))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
-from vdpcp import mutants
+from vdpcp import gloo_collectives, mutants
 from vdpcp.ab import vlm
 from vdpcp.ab.optim import MainParams
 from vdpcp.ab.stream import Draw, schedule, text
@@ -120,10 +120,11 @@ def _train(ctx, model: vlm.VLM, impl, config: VisionDPConfig, draws, dtype) -> t
 def _microbatch(ctx, model: vlm.VLM, impl, config: VisionDPConfig, draw: Draw, accumulate: int, dtype) -> torch.Tensor:
     """Forward and backward of one microbatch on this rank; its share of the step's loss."""
     batch = draw.spec.tensors(dtype=dtype, device=ctx.device)
-    features = impl.encode_sharded(model.vision, impl.inputs(batch), config, ctx.group)
-    prefix, suffix = (t.to(ctx.device) for t in text(draw, model.lm.config.vocab))
-    targets = vlm.labels(prefix, features.shape[0], suffix)
-    held = zigzag_positions(len(targets), config.context_parallel_size, dist.get_rank(ctx.group)).to(ctx.device)
-    loss = vlm.rank_loss(model.logits(prefix, features, suffix), targets, held) / accumulate
-    loss.backward()
+    with gloo_collectives.on_gloo(ctx.group):  # torch.distributed.nn's all_to_all made right on gloo, as in a check
+        features = impl.encode_sharded(model.vision, impl.inputs(batch), config, ctx.group)
+        prefix, suffix = (t.to(ctx.device) for t in text(draw, model.lm.config.vocab))
+        targets = vlm.labels(prefix, features.shape[0], suffix)
+        held = zigzag_positions(len(targets), config.context_parallel_size, dist.get_rank(ctx.group)).to(ctx.device)
+        loss = vlm.rank_loss(model.logits(prefix, features, suffix), targets, held) / accumulate
+        loss.backward()
     return loss.detach().double()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import io
 import time
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
@@ -154,6 +155,8 @@ def main(args) -> int:
     out.print(report.check_summary(rows) + run.summary())
     for group in left_out:
         out.print(group.line())
+    for note, n in Counter(row.result.collectives for row in rows if row.result.collectives).items():
+        out.print(f"{n} case(s) ran with {note}")
     if run.stopped or run.signal_code is not None:
         return run.exit_code(all(r.verdict in PASSING for r in rows))
     return exit_code([r.verdict for r in rows])

@@ -15,7 +15,6 @@ from importlib.metadata import entry_points
 
 from vdpcp.protocol import (
     CHECK_GROUP_ERROR,
-    GLOO_NN_SUBGROUP,
     GROUP_MISMATCH_TEXT,
     REQUIRED,
     Adapted,
@@ -38,7 +37,7 @@ SHIPPED = {"reference": "vdpcp.impls.reference:reference", "mcore": "vdpcp.impls
            "automodel-shipped": "vdpcp.impls.automodel:automodel_shipped",
            "nemotron-omni": "vdpcp.impls.nemotron_omni:nemotron_omni"}
 
-__all__ = ["CHECK_GROUP_ERROR", "GLOO_NN_SUBGROUP", "GROUP_MISMATCH_TEXT", "GroupMismatchError", "ImplError", "Implementation", "KnownLimit",
+__all__ = ["CHECK_GROUP_ERROR", "GROUP_MISMATCH_TEXT", "GroupMismatchError", "ImplError", "Implementation", "KnownLimit",
            "MediaAxes", "MismatchError", "Ownership", "VisionDPConfig",
            "available", "check_group", "resolve"]
 

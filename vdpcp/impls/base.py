@@ -1,7 +1,6 @@
 """The protocol, where adapters written before it moved import it from: everything lives in vdpcp.protocol."""
 
 from vdpcp.protocol import (  # noqa: F401  (re-exported)
-    GLOO_NN_SUBGROUP,
     GROUP_MISMATCH_TEXT,
     PROTOCOL,
     REQUIRED,

@@ -5,6 +5,10 @@ called, never patched.
 MCore resolves the CP group from its global parallel_state, not from the group it is handed, so the adapter
 sets parallel_state up for the group's size (tensor and pipeline parallel 1; data parallel takes the rest of
 the world) and raises the documented mismatch error when the group handed in is not MCore's CP group.
+
+Its gather's backward is torch.distributed.nn's all_to_all, whose gloo fallback fails on uneven token counts and
+on any CP group but the first: on gloo the oracle runs it with vdpcp.gloo_collectives's all_to_all instead (torch's
+name swapped for the case; MCore's own code and attributes untouched), so every gradient case runs on gloo too.
 """
 
 from __future__ import annotations
@@ -14,10 +18,9 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from vdpcp.model import REAL_PATCH, output_tokens
+from vdpcp.model import REAL_PATCH
 from vdpcp.plan import mcore_gives_up
 from vdpcp.protocol import (
-    GLOO_NN_SUBGROUP,
     GROUP_MISMATCH_TEXT,
     GroupMismatchError,
     Implementation,
@@ -25,27 +28,8 @@ from vdpcp.protocol import (
     MediaAxes,
     check_group,
 )
-from vdpcp.sharded import encode_unsharded, ownership, plan_for, real_tokens
+from vdpcp.sharded import encode_unsharded, ownership, plan_for
 
-PLACEHOLDER_TOKENS = output_tokens((1, 1))  # a P x P placeholder: a 1x1 grid, padded to 2x2, one token
-
-GLOO_GATHER_BACKWARD = KnownLimit(
-    "gloo-gather-backward",
-    "MCore's gather_from_context_parallel_ranks_dynamic_res backward runs torch.distributed.nn's all_to_all, "
-    "which on gloo is a scatter that needs equal tensor sizes: it fails when CP ranks hold different token "
-    "counts (runs for real on NCCL)",
-    "ProcessGroupGloo::scatter: invalid tensor size",
-    grads_only=True,
-)
-# In a CP x DP layout the first CP group's ranks meet the gather's scatter when their token counts differ, while
-# the other groups' ranks meet the subgroup error: whichever rank raises first is the case's failure (measured: under
-# load rank 0's scatter came first, where it had come second).
-GLOO_NN_SUBGROUP_OR_SCATTER = replace(
-    GLOO_NN_SUBGROUP,
-    reason=f"{GLOO_NN_SUBGROUP.reason}; with unequal token counts the first CP group's ranks meet "
-           f"{GLOO_GATHER_BACKWARD.name} instead, and the case fails with whichever rank raises first",
-    alternatives=(GLOO_GATHER_BACKWARD.signature,),
-)
 MCORE_EMPTY_MICROBATCH = KnownLimit(
     "mcore-empty-microbatch",
     "MCore 0.19.2 pads an empty microbatch to one placeholder per rank, then its gather drops every rank's "
@@ -72,12 +56,6 @@ def ensure_parallel_state(cp_size: int) -> None:
     ps.initialize_model_parallel(context_parallel_size=cp_size, create_gloo_process_groups=False)
 
 
-def rank_tokens(spec, config) -> list[int]:
-    """Output tokens each rank's encoder yields under MCore's count plan, placeholders included."""
-    plan = plan_for(spec, replace(config, strategy="count"))
-    return [real + PLACEHOLDER_TOKENS * s.num_placeholders for real, s in zip(real_tokens(plan), plan.shards)]
-
-
 class MCore(Implementation):
     name = "mcore"
     splits = ("count",)
@@ -90,10 +68,7 @@ class MCore(Implementation):
 
     def encode_sharded(self, model, batch, config, group):
         from megatron.core import parallel_state as ps
-        from megatron.core.models.multimodal.context_parallel import (
-            gather_from_context_parallel_ranks_dynamic_res,
-            split_to_context_parallel_ranks_dynamic_res,
-        )
+        from megatron.core.models.multimodal.context_parallel import split_to_context_parallel_ranks_dynamic_res
         from megatron.core.packed_seq_params import PackedSeqParams
 
         ensure_parallel_state(dist.get_world_size(group))  # MCore's groups follow the world; the config may disagree
@@ -114,7 +89,13 @@ class MCore(Implementation):
             num_frames=torch.tensor(spec.media_frames) if T > 1 else None,
             temporal_patch_size=T,
         )
-        projected = model.project(model.encode(local, local_sizes, local_frames))
+        return self.encode_local(model, local, local_sizes, local_frames, num_padded_ranks)
+
+    def encode_local(self, model, patches, imgs_sizes, num_frames, num_padded_ranks):
+        """This rank's share of MCore's split through the tower and the projector, then MCore's gather."""
+        from megatron.core.models.multimodal.context_parallel import gather_from_context_parallel_ranks_dynamic_res
+
+        projected = model.project(model.encode(patches, imgs_sizes, num_frames))
         return gather_from_context_parallel_ranks_dynamic_res(projected, num_padded_ranks)
 
     def plan(self, spec, config):
@@ -130,12 +111,7 @@ class MCore(Implementation):
             return MCORE_EMPTY_MICROBATCH
         if spec.temporal_patch_size > 1 and mcore_gives_up(spec.media_frames, case.cp, spec.temporal_patch_size):
             return MCORE_TUBELET_GIVE_UP
-        if backend != "gloo":
-            return None
-        unequal = case.grads and len(set(rank_tokens(spec, config))) > 1
-        if case.dp * case.tp > 1:  # its gather is torch.distributed.nn.functional.all_to_all
-            return GLOO_NN_SUBGROUP_OR_SCATTER if unequal else GLOO_NN_SUBGROUP
-        return GLOO_GATHER_BACKWARD if unequal else None
+        return None
 
 
 mcore = MCore()
