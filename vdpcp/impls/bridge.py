@@ -63,9 +63,15 @@ class BridgeEncoder(Implementation):
             cp_group = mcore_context_parallel_group(group, self.name)
         else:  # the feature is off: Bridge never reaches its split, so no process group is set up either
             cp_group = None
+        pgs = getattr(model, "pg_collection", None)
+        handed_back = getattr(pgs, "cp", None)
         configure(model, vision_dp_over_cp=config.shard_vision, context_parallel_size=config.context_parallel_size,
                   group=cp_group)
-        return model._encode_images(*bridge_arguments(batch))
+        try:
+            return model._encode_images(*bridge_arguments(batch))
+        finally:  # the group is the call's: a model holding a live ProcessGroup cannot be copied (the exact run's
+            if cp_group is not None and pgs is not None:  # float64 copy of a reused real-size tower, say)
+                pgs.cp = handed_back
 
 
 def configure(model, *, vision_dp_over_cp: bool, context_parallel_size: int, group) -> None:
