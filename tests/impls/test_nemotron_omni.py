@@ -13,10 +13,13 @@ from vdpcp import saved, scenarios
 from vdpcp.case import Case
 from vdpcp.impls import resolve
 from vdpcp.impls.bridge import BridgeEncoder
+from vdpcp.model import seeded
 from vdpcp.impls.nemotron_omni import (
     GROUP_MISMATCH,
     SIZES,
     VIDEO_REMNANT,
+    NemotronOmni,
+    OmniVision,
     nemotron_omni,
     pixel_shuffle,
     video_remnants,
@@ -185,6 +188,58 @@ def test_the_saved_replay_file_fails_the_known_way():
     assert judged.result.verdict == "fail"
     assert judged.verdict == "xfail" and judged.why.startswith(VIDEO_REMNANT.name)
     assert any(f.startswith("rank 1: outputs:") for f in judged.result.failures)
+
+
+# --- the execution check, fair to its two embedders ---------------------------------------------------------------
+
+
+class PlaceholderRankSkips(OmniVision):
+    """Omni whose rank of placeholders alone skips RADIO and the projector and hands MCore's gather zeros (one token
+    per 1x1 placeholder, padded to 2x2): outputs right, the gather drops them, but no tower ran there."""
+
+    def _encode_images(self, images, imgs_sizes, packed_seq_params, num_frames):
+        if self.vision_dp_over_cp and imgs_sizes.numel():
+            local, sizes, _, _, padded_ranks = self._split(images, imgs_sizes, packed_seq_params, num_frames)
+            if not local.ne(0).any():  # only the split's all-zero placeholders
+                from megatron.core.models.multimodal.context_parallel import (
+                    gather_from_context_parallel_ranks_dynamic_res,
+                )
+
+                skipped = images.new_zeros(len(sizes), self.size.lm_hidden, requires_grad=True)
+                return gather_from_context_parallel_ranks_dynamic_res(skipped, padded_ranks)
+        return super()._encode_images(images, imgs_sizes, packed_seq_params, num_frames)
+
+
+class OmniPlaceholderSkips(NemotronOmni):
+    name = "omni-placeholder-skips"
+
+    def build_model(self, case, dtype, device):
+        with seeded(0):  # the toy size: drawn on the CPU, as nemotron-omni's
+            model = PlaceholderRankSkips(SIZES[case.tower], case.spec.patch_dim)
+        return model.to(device=device, dtype=dtype)
+
+
+omni_placeholder_skips = OmniPlaceholderSkips()
+SPECS = {s.spec.name: s.spec for s in scenarios.SCENARIOS}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("spec, cp", [("one-image", 2), ("mcore-give-up-t3", 4)])
+def test_a_rank_of_placeholders_that_skips_the_tower_fails_outputs_only_too(spec, cp):
+    """Outputs only: MCore's gather backward does not run on gloo with unequal token counts (vdpcp.impls.mcore)."""
+    judged = run_judged(Case(SPECS[spec], cp, "tests.impls.test_nemotron_omni:omni_placeholder_skips", grads=False),
+                        backend="gloo")
+    said = " | ".join(judged.result.failures)
+    assert judged.verdict == "fail" and f"rank {cp - 1}: execution: rank {cp - 1} (CP rank {cp - 1}) did not run its " \
+           "tower on any row" in said, said
+
+
+@pytest.mark.distributed
+def test_a_rank_of_placeholders_may_take_the_image_embedder_where_every_real_share_is_video():
+    """mcore-give-up-t3 at CP 4: three ranks of video tubelets (the video embedder), the fourth a 1x1 placeholder,
+    which RADIO takes as an image (the image embedder): a branch for a branch, the trunk run all the same."""
+    judged = run_judged(Case(SPECS["mcore-give-up-t3"], 4, "nemotron-omni", grads=False), backend="gloo")
+    assert judged.verdict == "pass", judged.result.summary()
 
 
 # --- the matrix ---------------------------------------------------------------------------------------------------
