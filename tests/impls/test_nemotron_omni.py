@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from vdpcp import saved, scenarios
+from vdpcp import scenarios
 from vdpcp.case import Case
 from vdpcp.cli import main
 from vdpcp.impls import resolve
 from vdpcp.impls.bridge import BridgeEncoder
-from vdpcp.model import seeded
 from vdpcp.impls.nemotron_omni import (
     GROUP_MISMATCH,
     SIZES,
@@ -27,6 +26,7 @@ from vdpcp.impls.nemotron_omni import (
     pixel_shuffle,
     video_remnants,
 )
+from vdpcp.model import seeded
 from vdpcp.protocol import VisionDPConfig
 from vdpcp.runner import run_judged
 from vdpcp.spec import Microbatch, MicrobatchSpec

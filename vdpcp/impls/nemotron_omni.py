@@ -30,7 +30,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
