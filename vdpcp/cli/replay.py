@@ -143,7 +143,7 @@ def report(judged, path: Path | None = None, saved_signature: str | None = None,
     lines.append(f"verdict: {judged.verdict}" + (f" ({judged.why})" if judged.why else ""))
     set_aside = None if known_limits else known_limit(case, result.backend)
     if set_aside is not None:
-        lines.append(f"judged as if {case.impl} declared no known limit (--no-known-limits): {set_aside.name} set aside")
+        lines.append(f"judged as if {case.impl} declared no known limit: {set_aside.name} set aside")
     if sig:
         lines.append(f"signature: {sig}")
     if saved_signature is not None:
