@@ -73,12 +73,14 @@ def group_error_problems(case: Case, text: str) -> list[str]:
     return problems
 
 
-def judge(result) -> tuple[str, str]:
+def judge(result, known_limits: bool = True) -> tuple[str, str]:
     """(verdict, why) of a CaseResult against the case's expectation, on the backend it ran on.
 
     Verdicts: those of the runner (pass, replicated, fail, plan-mismatch, not-sharded, error, unsharded-error,
     resource), xfail (a known limit failed the known way), xpass (a strict xfail passed: the limit is gone). Only
-    pass, replicated and xfail count as passing.
+    pass, replicated and xfail count as passing. ``known_limits=False`` judges as if the implementation declared
+    none: an upstream bug's reproduction then fails until it is fixed (for its maintainer, `replay
+    --no-known-limits`).
     """
     case = result.case
     if result.verdict == "resource":
@@ -86,7 +88,7 @@ def judge(result) -> tuple[str, str]:
     if expects_group_error(case):
         problems = group_error_problems(case, result.error or "")
         return ("pass", "the documented error on every rank") if not problems else ("fail", "; ".join(problems))
-    limit = known_limit(case, result.backend)
+    limit = known_limit(case, result.backend) if known_limits else None
     if limit is None:
         if result.verdict == "replicated":
             return "replicated", next(f"by its policy: {r.replicated}" for r in result.ranks if r.replicated)

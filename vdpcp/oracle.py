@@ -13,10 +13,12 @@ then checks:
    count sketches of them) they equal the unsharded gradients; where the implementation
    states a plan, this rank's own equal the unsharded gradients of its own images' rows under the summed
    weights (so the projector stays sharded: gathering before the projector passes the sum but fails this);
-4. execution, not the plan: the tower's layers ran on this rank on at least one row (an image or a
-   placeholder; from the forward pre-hooks, so outputs-only cases too), and where gradients run every parameter the
-   unsharded run gives a gradient has one here, so a rank holding only placeholders that skips its tower (and
-   would hang a tensor-parallel or FSDP peer) fails, unless the implementation says an empty rank may skip it;
+4. execution, not the plan: the tower ran on this rank on at least one row (an image or a placeholder; from the
+   forward pre-hooks, so outputs-only cases too) through every layer that ran on every CP rank holding real rows
+   (a branch only some rows take, a separate video embedder, is not required elsewhere; required_layers), and
+   where gradients run every parameter of those layers the unsharded run gives a gradient has one here, so a rank
+   holding only placeholders that skips its tower (and would hang a tensor-parallel or FSDP peer) fails, unless
+   the implementation says an empty rank may skip it;
    with sharding off, no collective is issued on the CP group;
 5. did it shard: which rows reached each rank's tower (through autograd), and how many rows each rank's tower
    took outside autograd (no_grad, inference_mode, detached inputs) that are not placeholders: work beyond its
@@ -221,8 +223,11 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
     may_skip = getattr(impl, "empty_rank_may_skip", False) and not result.read  # a rank with no real rows
     # What ran is known from the forward alone, so outputs-only cases are held to it too. Where the unsharded encode
     # ran no layer and returned no graph (a bare empty tensor for an empty microbatch) no rank need run one either.
-    if owned and (ref.ran or any(ref.graph.values())) and not may_skip:
-        _check_layers_ran(result, ref.ran, ran)
+    required = None
+    if owned and (ref.ran or any(ref.graph.values())):  # the same on every rank: the exchange is a collective
+        required = required_layers(ref.ran, ran_by_rank(ran, read, cp_rank, groups.cp), read, cp_rank)
+        if not may_skip:
+            _check_layers_ran(result, required, ran)
 
     if list(out) != list(ref.out):
         result.failures.append(f"outputs: the sharded encode returned {list(out)}, the unsharded {list(ref.out)}")
@@ -248,8 +253,8 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
                                   range(len(batch.cu_seqlens) - 1), ref.rounding.input))
     if owned:
         _check_ownership(result, batch, grad, ref_grad, plan, read, holders[0], ref.rounding.input)
-        if not may_skip:
-            _check_param_grads_exist(result, ref.grads, subject)
+        if not may_skip and required is not None:
+            _check_param_grads_exist(result, ref.grads, subject, required, ran.names)
     if rank_alone and replicated_run == (not ref.sharded):
         own = [held_part(g, p, groups.tp_rank, case.tp) for p, g in zip(subject.parameters(), ref.own_grads)]
         _check_rank_alone(result, subject, own, dtype, ref.rounding.own_params)
@@ -634,22 +639,63 @@ def _buckets(params) -> list[list[int]]:
     return out
 
 
-def _check_layers_ran(result, reference_ran: set[str], ran: Execution) -> None:
-    """The tower ran on this rank: its layers saw rows (known from the forward alone: no gradient needed)."""
-    skipped = sorted(reference_ran - ran.ran())
-    if ran.rows == 0 or skipped:
+def ran_by_rank(ran: Execution, read: torch.Tensor, cp_rank: int, group) -> list[set[str]]:
+    """The layers each CP rank ran (Execution.ran), exchanged in one collective that every rank takes."""
+    mine = ran.ran()
+    table = torch.zeros(read.shape[0], len(ran.names), dtype=torch.float64, device=read.device)
+    table[cp_rank] = torch.tensor([float(name in mine) for name in ran.names], dtype=torch.float64)
+    table = comm.all_reduce_sum(table, group)
+    return [{name for name, hit in zip(ran.names, line.tolist()) if hit} for line in table]
+
+
+def required_layers(reference_ran: set[str], ran: list[set[str]], read: torch.Tensor, cp_rank: int) -> set[str]:
+    """The layers CP rank ``cp_rank`` must have run: those of the unsharded run that ran on EVERY CP rank holding
+    real rows (``read``: the read table). A layer only some rows take (RADIO's separate video embedder, which a rank
+    of images alone never runs) is then required only where every share took it; the trunk every row passes
+    through (where a tensor-parallel or FSDP peer would hang) stays required on every rank.
+
+    A rank holding only placeholders is the one such a layer can still wrong: a placeholder is a 1x1 image, so
+    where every real share is video it takes the image embedder instead. Its rows visibly took another branch when
+    it ran layers no rank holding real rows ran; each such layer excuses one required layer it did not run (a
+    branch for a branch), so a rank that runs an embedder and skips the trunk still fails."""
+    real = [r for r in range(read.shape[0]) if bool(read[r].any())]
+    shared = set(reference_ran).intersection(*(ran[r] for r in real)) if real else set(reference_ran)
+    if cp_rank in real:
+        return shared
+    skipped = shared - ran[cp_rank]
+    own_branch = ran[cp_rank] - set().union(*(ran[r] for r in real))
+    return shared & ran[cp_rank] if len(own_branch) >= len(skipped) else shared
+
+
+def _check_layers_ran(result, required: set[str], ran: Execution) -> None:
+    """The tower ran on this rank: on some row, and through every layer ``required`` (required_layers); known from
+    the forward alone, so no gradient is needed."""
+    skipped = sorted(required - ran.ran())
+    if ran.rows == 0:
         result.failures.append(f"execution: rank {result.rank} (CP rank {result.cp_rank}) did not run its tower on any "
                                f"row{' (layers never run: ' + ', '.join(skipped[:3]) + ')' if skipped else ''}; a rank "
                                f"with only placeholders must still encode them")
+    elif skipped:
+        result.failures.append(f"execution: rank {result.rank} (CP rank {result.cp_rank}) skipped {len(skipped)} "
+                               f"layer(s) that every rank holding real rows ran ({', '.join(skipped[:3])}); a rank "
+                               f"must run its whole tower, placeholders included")
 
 
-def _check_param_grads_exist(result, reference_grads, model) -> None:
+def _check_param_grads_exist(result, reference_grads, model, required: set[str], layers: list[str]) -> None:
     """Every parameter the unsharded run gives a gradient has one here (a skipped tower leaves them None, which
-    summing would read as zeros)."""
-    missing = [name for (name, p), g in zip(model.named_parameters(), reference_grads) if g is not None and p.grad is None]
+    summing would read as zeros), where its layer is ``required`` on this rank; a parameter outside every layer
+    Execution watches (the root's own) always."""
+    watched = set(layers)
+    missing = [name for (name, p), g in zip(model.named_parameters(), reference_grads)
+               if g is not None and p.grad is None and (_layer_of(name) in required or _layer_of(name) not in watched)]
     if missing:
         result.failures.append(f"execution: rank {result.rank} (CP rank {result.cp_rank}) has no gradient for "
                                f"{len(missing)} parameter(s) the unsharded run gives one ({', '.join(missing[:3])})")
+
+
+def _layer_of(parameter: str) -> str:
+    """The module that holds a parameter itself, by its name ("blocks.0.attn.qkv.weight" -> "blocks.0.attn.qkv")."""
+    return parameter.rpartition(".")[0]
 
 
 def _grad(t: torch.Tensor) -> torch.Tensor:

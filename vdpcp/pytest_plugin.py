@@ -156,6 +156,9 @@ def pytest_addoption_replay(parser):
     group.addoption("--replay-dtype", choices=DTYPES, default=None, help="dtype (default: the file's, else float64)")
     group.addoption("--replay-no-even-pad", action="store_const", const=False, default=None, help="switch off even-grid padding")
     group.addoption("--replay-mutant", default=None, metavar="NAME", help="apply a named mutant of the sharded path")
+    group.addoption("--replay-no-known-limits", dest="replay_known_limits", action="store_false",
+                    help="judge as if the implementation declared no known limit, so an upstream bug's reproduction "
+                         "fails until it is fixed")
 
 
 @pytest.hookimpl(specname="pytest_configure")
@@ -202,8 +205,9 @@ class ReplayItem(pytest.Item):
         from vdpcp.cli.replay import report
         from vdpcp.runner import run_judged
 
-        judged = run_judged(self.case)
-        text = report(judged, self.spec_path)
+        known_limits = self.config.getoption("replay_known_limits")
+        judged = run_judged(self.case, known_limits=known_limits)
+        text = report(judged, self.spec_path, known_limits=known_limits)
         print(text)  # the plan, shown with -s or -rP even when the case passes
         if judged.verdict == "xfail":
             pytest.xfail(judged.why)

@@ -137,12 +137,14 @@ def run_case(case: Case, backend: str | None = None, timeout: float | None = Non
     return CaseResult(case, ranks=ranks, backend=chosen)
 
 
-def run_judged(case: Case, backend: str | None = None, timeout: float | None = None) -> Judged:
-    """run_case, then judge: a case expected to fail a known way gets a short fault grace."""
+def run_judged(case: Case, backend: str | None = None, timeout: float | None = None,
+               known_limits: bool = True) -> Judged:
+    """run_case, then judge (``known_limits=False``: as if the implementation declared none, expectations.judge):
+    a case expected to fail a known way gets a short fault grace."""
     chosen = resolve_backend(backend, case.world_size)
     grace = KNOWN_LIMIT_GRACE_S if known_limit(case, chosen) or case.mutant else None
     result = run_case(case, backend=chosen, timeout=timeout, fault_grace=grace)
-    return Judged(result, *judge(result))
+    return Judged(result, *judge(result, known_limits))
 
 
 def preload_case_modules(impls=(), extra=()) -> None:

@@ -468,3 +468,68 @@ empty_rank_skips = EmptyRankSkips()
 empty_rank_may_skip = EmptyRankMaySkip()
 forward_only_skips = ForwardOnlySkips()
 forward_only_may_skip = ForwardOnlyMaySkip()
+
+
+# --- a tower with a branch only some rows take (as RADIO's separate video embedder) -----------------------------
+
+LARGE = 20  # patches: a unit of more takes the large embedding
+
+
+class BranchEmbed(torch.nn.Module):
+    """Two patch embeddings, as RADIO's image and video embedders: a unit (image or tubelet) of more than LARGE
+    patches takes ``large``, any other ``small`` (a placeholder's single patch included). Its own gain, on every
+    unit first, makes it the tower's first layer on every rank, as RADIO's class tokens make RADIO itself."""
+
+    def __init__(self, small: torch.nn.Linear):
+        super().__init__()
+        self.gain = torch.nn.Parameter(1 + 0.1 * torch.randn(small.in_features))
+        self.small = small
+        self.large = torch.nn.Linear(small.in_features, small.out_features)
+
+    def forward(self, unit: torch.Tensor) -> torch.Tensor:
+        return (self.large if unit.shape[0] > LARGE else self.small)(unit * self.gain)
+
+
+class Branching(Reference):
+    """The reference whose tower embeds large units with a second embedding: a rank whose rows are all small never
+    runs ``large``, a rank of large rows alone never runs ``small``, and correctly so."""
+
+    name = "branching"
+    splits = ("count",)
+    tensor_parallel = ()
+
+    def build_model(self, case, dtype, device):
+        from vdpcp.model import seeded
+
+        model = super().build_model(case, torch.float64, torch.device("cpu"))
+        with seeded(1):
+            model.embed = BranchEmbed(model.embed)
+        return model.to(device=device, dtype=dtype)
+
+
+class BranchingTrunkSkipped(Branching):
+    """Branching whose rank of placeholders alone embeds them, then skips the trunk (blocks, norm, projector) and
+    hands the gather zeros: outputs and summed gradients are right (the gather drops placeholders), but a
+    tensor-parallel or FSDP peer in the trunk would hang."""
+
+    name = "branching-trunk-skipped"
+
+    def encode_sharded(self, model, batch, config, group):
+        from vdpcp import sharded
+        from vdpcp.comm import gather_features
+        from vdpcp.model import output_tokens
+
+        plan = sharded.plan_for(batch.spec, config)
+        shard = plan.shard(dist.get_rank(group))
+        if not config.shard_vision or shard.num_real_rows:
+            return super().encode_sharded(model, batch, config, group)
+        embedded = model.embed(sharded.split(batch, shard, plan.order)[0])  # the placeholders' patches
+        local = embedded.sum() * 0 + batch.patches.new_zeros(output_tokens((1, 1)) * shard.num_placeholders,
+                                                             model.config.lm_hidden)
+        gathered = gather_features(local, sharded.real_tokens(plan), group)
+        index = sharded.image_order(plan)
+        return gathered if index is None else gathered[index]
+
+
+branching = Branching()
+branching_trunk_skipped = BranchingTrunkSkipped()

@@ -8,6 +8,8 @@ mutation run of vdpcp/oracle.py (docs/mutation.md), each pinned by the behaviour
 - The ownership table is said once, by CP rank 0; a failure lists a fixed number of rows, layers or parameters
   and says there are more only when there are.
 - A plan may list placeholders for fewer ranks than the CP group: the others have none.
+- The layers a rank must run are those every rank holding real rows ran (a branch only some rows take is not
+  required elsewhere); a rank of placeholders alone may swap required layers for as many of its own branch's.
 """
 
 import pytest
@@ -67,7 +69,8 @@ def test_a_skipped_tower_lists_three_of_its_layers_and_parameters():
     reference(torch.ones(1, 2)).sum().backward()  # every layer ran, every parameter has a gradient
     result = RankResult(rank=3, cp_rank=1)
     oracle._check_layers_ran(result, reference_ran.ran(), ran)
-    oracle._check_param_grads_exist(result, [p.grad for p in reference.parameters()], model)
+    oracle._check_param_grads_exist(result, [p.grad for p in reference.parameters()], model, reference_ran.ran(),
+                                    ran.names)
     skipped, missing = result.failures
     assert "(layers never run: 0, 1, 2); a rank with only placeholders" in skipped, skipped
     assert "has no gradient for 10 parameter(s) the unsharded run gives one (0.weight, 0.bias, 1.weight)" in missing, missing
@@ -170,3 +173,54 @@ def test_without_a_plan_each_rank_compares_the_images_whose_gradient_it_holds():
 
     said = _ownership(1, [[0, 1, 0], [1, 0, 1]], [[False, True, False], [True, False, True]], off, torch.ones_like)
     assert len(said) == 1 and said[0].startswith("input grads (own images): Tensor-likes are not close!"), said
+
+
+# --- which layers a rank must run (required_layers) -------------------------------------------------------------
+
+TRUNK = {"embed", "block", "head"}
+READ = torch.tensor([[True, False], [False, True], [False, False]])  # CP ranks 0 and 1 hold a row each, 2 placeholders
+
+
+def _required(ran, cp_rank, reference=TRUNK | {"video"}):
+    return oracle.required_layers(reference, ran, READ, cp_rank)
+
+
+def test_a_layer_only_some_real_shares_took_is_required_nowhere():
+    ran = [TRUNK, {"video", "block", "head"}, TRUNK]  # rank 1's row is a video: it took the video embedder only
+    assert [_required(ran, r) for r in range(3)] == [{"block", "head"}] * 3
+
+
+def test_every_layer_every_real_share_took_is_required_on_a_placeholder_rank():
+    ran = [TRUNK, TRUNK, {"embed"}]  # rank 2 embeds its placeholder, then skips the trunk
+    assert _required(ran, 2) == TRUNK
+    result = RankResult(rank=2, cp_rank=2)
+    tower = torch.nn.ModuleDict({"embed": torch.nn.Linear(2, 2), "block": torch.nn.Linear(2, 2),
+                                 "head": torch.nn.Linear(2, 2)})
+    with oracle.Execution(tower) as seen:
+        tower["embed"](torch.ones(1, 2))
+    oracle._check_layers_ran(result, _required(ran, 2), seen)
+    assert result.failures == ["execution: rank 2 (CP rank 2) skipped 2 layer(s) that every rank holding real rows "
+                               "ran (block, head); a rank must run its whole tower, placeholders included"]
+
+
+def test_a_placeholder_rank_may_swap_a_branch_for_its_own_one_for_one():
+    videos = {"video", "block", "head"}  # every real share is video; the placeholder is an image
+    assert _required([videos, videos, TRUNK], 2) == {"block", "head"}
+    # the image embedder ran, the video embedder and the trunk did not: one branch does not excuse three layers
+    assert _required([videos, videos, {"embed"}], 2) == videos
+
+
+def test_a_real_share_is_held_to_what_it_ran_itself_and_the_reference_ran():
+    assert _required([TRUNK | {"extra"}, TRUNK | {"extra"}, TRUNK], 0) == TRUNK  # "extra": not the reference's
+
+
+def test_a_parameter_of_a_layer_not_required_here_may_have_no_gradient():
+    tower = torch.nn.ModuleDict({"embed": torch.nn.Linear(2, 2), "video": torch.nn.Linear(2, 2)})
+    tower["embed"](torch.ones(1, 2)).sum().backward()
+    reference_grads = [torch.ones_like(p) for p in tower.parameters()]  # unsharded, both embedders ran
+    result = RankResult(rank=0, cp_rank=0)
+    oracle._check_param_grads_exist(result, reference_grads, tower, {"embed"}, ["embed", "video"])
+    assert result.failures == []
+    oracle._check_param_grads_exist(result, reference_grads, tower, {"embed", "video"}, ["embed", "video"])
+    assert result.failures == ["execution: rank 0 (CP rank 0) has no gradient for 2 parameter(s) the unsharded run "
+                               "gives one (video.weight, video.bias)"]

@@ -4,8 +4,9 @@ A saved case (vdpcp.saved: what `vdpcp fuzz` writes) carries its CP size, implem
 flags, so it fails again with no flag retyped; a flag typed here overrides the file. A plain microbatch spec
 takes its CP size from --cp or the name's -cp<N> tag. Prints the plan (which rank encodes which images and
 placeholders), the verdict judged as `vdpcp check` judges it (a known upstream limit that fails the known way
-is an xfail with its reason), the failure signature against the saved one, and for an errored case the
-failing rank's traceback. The case is sized before anything is built (vdpcp.budget): one over --max-spec-bytes
+is an xfail with its reason; --no-known-limits sets the limit aside, so an upstream bug's reproduction fails
+until it is fixed), the failure signature against the saved one, and for an errored case the failing rank's
+traceback. The case is sized before anything is built (vdpcp.budget): one over --max-spec-bytes
 is refused. Exit as `vdpcp check` does: 0 pass, replicated or xfail, 3 not-sharded, 1 any other failure, 2 bad
 spec or options, including a spec over the limit, one the unsharded encoder rejects too (then sharding is not to
 blame), and a rank out of memory (a resource failure, not a verdict).
@@ -23,6 +24,9 @@ def register(subparsers) -> None:
     parser.add_argument("spec", metavar="SPEC.json", type=Path, help="a microbatch spec file")
     parser.add_argument("--cp", type=RANKS, default=None, help="CP ranks (default: the file's case.cp, else the name's -cp<N> tag)")
     parser.add_argument("--outputs-only", action="store_true", help="check the outputs alone (no backward)")
+    parser.add_argument("--no-known-limits", dest="known_limits", action="store_false",
+                        help="judge as if the implementation declared no known limit, so an upstream bug's "
+                             "reproduction fails (exit 1) until it is fixed")
     add_case_arguments(parser)
     parser.set_defaults(func=main)
 
@@ -122,9 +126,11 @@ def plan_lines(case) -> list[str]:
     return lines
 
 
-def report(judged, path: Path | None = None, saved_signature: str | None = None) -> str:
-    """The whole replay: case, plan, verdict and signature, failures, and the failing rank's traceback."""
+def report(judged, path: Path | None = None, saved_signature: str | None = None, known_limits: bool = True) -> str:
+    """The whole replay: case, plan, verdict and signature, failures, and the failing rank's traceback; without
+    ``known_limits``, the limit set aside, where the implementation declares one for the case."""
     from vdpcp import budget
+    from vdpcp.expectations import known_limit
     from vdpcp.fuzz import failing_rank, signature
     from vdpcp.spec import summary
 
@@ -135,6 +141,9 @@ def report(judged, path: Path | None = None, saved_signature: str | None = None)
     lines += plan_lines(case)
     sig = signature(result)
     lines.append(f"verdict: {judged.verdict}" + (f" ({judged.why})" if judged.why else ""))
+    set_aside = None if known_limits else known_limit(case, result.backend)
+    if set_aside is not None:
+        lines.append(f"judged as if {case.impl} declared no known limit: {set_aside.name} set aside")
     if sig:
         lines.append(f"signature: {sig}")
     if saved_signature is not None:
@@ -158,8 +167,8 @@ def main(args) -> int:
                                        even_pad=args.even_pad, mutant=args.mutant,
                                        grads=False if args.outputs_only else None)
     preload_case_modules([case.impl])
-    judged = run_judged(case, backend=args.backend, timeout=args.timeout)
-    print(report(judged, args.spec, saved_signature))
+    judged = run_judged(case, backend=args.backend, timeout=args.timeout, known_limits=args.known_limits)
+    print(report(judged, args.spec, saved_signature, known_limits=args.known_limits))
     if judged.verdict == "resource":
         raise UsageError(f"{args.spec}: {judged.why}: a resource failure, not a verdict on the encoder or on sharding; "
                          f"run it where there is the memory, or shrink the spec")
