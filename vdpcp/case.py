@@ -108,6 +108,8 @@ class RankResult:
     untracked: int = 0  # rows its tower took outside autograd that are not placeholders (vdpcp.oracle.Execution)
     model: str = ""  # "built" for this case, or "reused" from an earlier one (vdpcp.model_cache)
     precision: str = ""  # the precision the arms ran in (vdpcp.precision.in_effect: TF32 on CUDA, say)
+    deterministic: str = ""  # whether its backward was deterministic (vdpcp.regrouped.deterministic): cpu, on, off (why)
+    exact: str = ""  # what the regrouped reference held bitwise on this rank, or why nothing (vdpcp.regrouped)
     turns: bool = False  # this rank took its turn on a shared GPU for the unsharded arm (vdpcp.harness.turns)
     seconds: dict[str, float] = field(default_factory=dict)  # per phase: build, unsharded, sharded
     memory: dict[str, int] = field(default_factory=dict)  # bytes held (model, unsharded grads, ...) and the CUDA peak
