@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
+import torch.distributed as dist
 
 from vdpcp import comm, precision
 from vdpcp.protocol import outputs_of
@@ -44,6 +45,8 @@ CPU, ON = "cpu", "on"  # RankResult.deterministic where the backward is
 # Where a rank's tower took rows besides its media (Automodel's local zero frames below 96 patch rows, say), its GEMMs
 # had other shapes than the regrouped run's: measured 1.1-1.7 units of float64's rounding apart on the toy towers.
 EXTRA_ROWS_ULPS = 16
+BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # an element's bits as an integer of its width
+MASK, FINGERPRINT_SEED = 2**48 - 1, 35
 
 
 @dataclass
@@ -150,6 +153,7 @@ def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: 
     the regrouped run of its own media; failures go to ``result.failures``, what was held to ``result.exact``.
     ``watch``: vdpcp.oracle.Execution, to count the rows the regrouped run's tower takes."""
     encoded, cp_rank = {}, result.cp_rank
+    _same_copies(result, out, cp_group)
 
     def counts_of(rows: list[int]) -> int:
         if not rows:
@@ -195,6 +199,32 @@ def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: 
     how = "bitwise" if not ulps else f"within {ulps} units of rounding (its tower took {extra} rows besides its media)"
     result.exact = f"{held} {how}, rows {_rows(own.rows)}" + (
         "" if held != "outputs" or not grads else f"; gradients not (deterministic: {result.deterministic})")
+
+
+def _same_copies(result, out, cp_group) -> None:
+    """Every CP rank's gathered copy of every output is the same bits (a gather copies, it does not compute): with
+    each rank's own rows held to its regrouped run, every row of every copy is then its owner's exact result."""
+    cp = dist.get_world_size(cp_group)
+    prints = torch.zeros(len(out), cp, dtype=torch.float64, device=next(iter(out.values())).device)
+    for i, t in enumerate(out.values()):
+        prints[i, result.cp_rank] = fingerprint(t.detach())
+    prints = comm.all_reduce_sum(prints, cp_group)
+    for (name, _), row in zip(out.items(), prints):
+        apart = [r for r in range(cp) if row[r] != row[0]]
+        if apart and result.cp_rank == 0:  # said once: every rank sees the same table
+            result.failures.append(f"exact (regrouped): outputs{'' if len(out) == 1 else f' {name!r}'}: the gathered "
+                                   f"copies on CP rank(s) {apart} are not bitwise CP rank 0's (a gather copies)")
+
+
+def fingerprint(t: torch.Tensor) -> float:
+    """The bits of ``t`` hashed to an integer under 2**48 (a float64 holds it, and CP of them sum exactly): bitwise
+    equal tensors print alike, and a one-bit change moves the print (by its odd weight, modulo 2**48)."""
+    if t.numel() == 0:
+        return 0.0
+    bits = t.contiguous().reshape(-1).view(BITS[t.element_size()]).to(torch.int64)
+    gen = torch.Generator().manual_seed(FINGERPRINT_SEED)
+    weights = (torch.randint(0, 2**20, bits.shape, generator=gen) * 2 + 1).to(bits.device)
+    return float(((bits & MASK) * weights).sum().item() & MASK)
 
 
 def _encode(impl, model, batch, rows):

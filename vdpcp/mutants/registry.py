@@ -50,9 +50,16 @@ def generic(name: str, bug: str, kills: tuple[str, ...] = ()):
 
 @contextmanager
 def applied(name: str | None, impl):
-    """The implementation to check while the named mutant is in force (``impl`` itself for None)."""
+    """The implementation to check while the named mutant is in force (``impl`` itself for None); a sized one
+    (``NAME@SIZE``, vdpcp.mutants.sized) wraps it at that size."""
     if name is None:
         yield impl
+        return
+    from vdpcp.mutants.sized import parse
+
+    found_sized = parse(name)
+    if found_sized is not None:
+        yield found_sized[0].wrap(impl, found_sized[1])
         return
     if name not in MUTANTS:
         raise KeyError(f"unknown mutant {name!r}; known: {sorted(MUTANTS)}")
@@ -71,3 +78,10 @@ def applied(name: str | None, impl):
     finally:
         for module, attr, original in reversed(saved):
             setattr(module, attr, original)
+
+
+def known(name: str) -> bool:
+    """Whether ``name`` is a mutant: one of MUTANTS, or a sized one at a valid size (ValueError says what is wrong)."""
+    from vdpcp.mutants.sized import parse
+
+    return name in MUTANTS or parse(name) is not None

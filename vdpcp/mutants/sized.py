@@ -1,0 +1,116 @@
+"""Sized mutants: a planted perturbation of a chosen size, for measuring how small a bug each check catches.
+
+Named ``<name>@<size>`` (``scale-rank-features@1e-3``); ``vdpcp bench sensitivity`` bisects the size. Each is a
+wrapper around any implementation (as vdpcp.mutants.interface's), planted on the LAST CP rank only, as the
+measurements of issue 35 were:
+
+- scale-rank-features@eps: that rank's copy of every gathered output x (1 + eps);
+- scale-rank-grad@eps: the gradient that rank's loss hands the gather's backward x (1 + eps), so every rank's
+  own rows receive a gradient off by eps of that rank's share;
+- nudge-token@eps: that rank's first token row of the main output + eps x its 2-norm (spread over the row);
+- scale-image@eps: the tokens of the microbatch's first image in that rank's copy of the main output
+  x (1 + eps) (from the implementation's plan: it does not apply to one without).
+
+They are kept apart from MUTANTS (``SIZED``): the mutation hunts run the named bugs, each of which a correct check
+must catch at any size; these are instruments, caught or not according to their size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from vdpcp.mutants.interface import NOT_APPLICABLE, MutantDoesNotApply, _cp_rank, _Wrapped, gradient_changed
+from vdpcp.protocol import MAIN_OUTPUT, outputs_of
+
+
+@dataclass(frozen=True)
+class Sized:
+    name: str
+    bug: str  # with {eps} for the size
+    wrap: Callable[[object, float], object]  # (implementation, size) -> mutated implementation
+
+
+SIZED: dict[str, Sized] = {}
+
+
+def sized(name: str, bug: str):
+    def register(wrap):
+        SIZED[name] = Sized(name, bug, wrap)
+        return wrap
+
+    return register
+
+
+def parse(name: str) -> tuple[Sized, float] | None:
+    """``<name>@<size>`` as (its sized mutant, the size); None for a name without ``@``. ValueError naming the
+    input when the name is unknown or the size is not a finite positive number."""
+    if "@" not in name:
+        return None
+    base, _, size = name.partition("@")
+    if base not in SIZED:
+        raise ValueError(f"mutant {name!r}: unknown sized mutant {base!r}; expected one of {sorted(SIZED)} as NAME@SIZE")
+    try:
+        eps = float(size)
+    except ValueError:
+        eps = math.nan
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"mutant {name!r}: size {size!r} is not a positive number; expected NAME@SIZE, e.g. "
+                         f"{base}@1e-3")
+    return SIZED[base], eps
+
+
+def _on_last_rank(change):
+    """``change(outputs, eps)`` on the last CP rank only."""
+    import torch.distributed as dist
+
+    def apply(outputs, config, group):
+        return change(outputs) if _cp_rank(group) == dist.get_world_size(group) - 1 else outputs
+
+    return apply
+
+
+@sized("scale-rank-features", "the last CP rank's copy of every gathered output is x (1 + {eps})")
+def _scale_rank_features(impl, eps: float):
+    return _Wrapped(impl, _on_last_rank(lambda outputs: {n: t * (1 + eps) for n, t in outputs.items()}))
+
+
+@sized("scale-rank-grad", "the gradient the last CP rank's loss hands the gather's backward is x (1 + {eps})")
+def _scale_rank_grad(impl, eps: float):
+    return _Wrapped(impl, _on_last_rank(
+        lambda outputs: {n: gradient_changed(t, lambda g: g * (1 + eps)) for n, t in outputs.items()}))
+
+
+@sized("nudge-token", "the last CP rank's first token row of the main output is off by {eps} of its 2-norm")
+def _nudge_token(impl, eps: float):
+    def change(outputs):
+        t = outputs[MAIN_OUTPUT]
+        if t.shape[0] == 0:
+            return outputs
+        bump = t.new_zeros(t.shape)  # a constant: the gradient goes through unchanged
+        bump[0] = float(t[0].detach().double().norm()) * eps / math.sqrt(t[0].numel())
+        return {**outputs, MAIN_OUTPUT: t + bump}
+
+    return _Wrapped(impl, _on_last_rank(change))
+
+
+@sized("scale-image", "the first image's tokens in the last CP rank's copy of the main output are x (1 + {eps})")
+def _scale_image(impl, eps: float):
+    import torch.distributed as dist
+
+    def around(subject, model, inputs, config, group):
+        spec = getattr(inputs, "spec", None)
+        plan = subject.plan(spec, config) if spec is not None and config.shard_vision else None
+        if config.shard_vision and plan is None:  # on every rank, before any collective
+            raise MutantDoesNotApply(f"{NOT_APPLICABLE}: {subject.name}'s inputs carry no spec or it states no plan, "
+                                     f"so which tokens are the first image's is not known")
+        outputs = outputs_of(subject.encode_sharded(model, inputs, config, group), "encode_sharded")
+        if not config.shard_vision or _cp_rank(group) != dist.get_world_size(group) - 1:
+            return outputs
+        t = outputs[MAIN_OUTPUT]
+        scale = t.new_ones(t.shape[0], *([1] * (t.dim() - 1)))
+        scale[: next((n for n in plan.tokens if n), 0)] = 1 + eps
+        return {**outputs, MAIN_OUTPUT: t * scale}
+
+    return _Wrapped(impl, around=around)
