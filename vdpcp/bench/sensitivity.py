@@ -32,8 +32,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--cp", type=RANKS, default=2, metavar="N", help="CP size (default 2)")
     parser.add_argument("--dtype", choices=DTYPES, nargs="+", default=["float64"], help="dtypes (default float64)")
     parser.add_argument("--tower", default="toy", metavar="SIZE", help=TOWER_HELP)
-    parser.add_argument("-k", "--match", default="eight-equal", metavar="TEXT",
-                        help="the case: the first sharded one whose id contains TEXT (default eight-equal)")
+    parser.add_argument("-k", "--match", default="", metavar="TEXT",
+                        help="the case: the first sharded one (more images than ranks) whose id contains TEXT")
     parser.add_argument("--mutant", nargs="+", default=list(SIZED), choices=list(SIZED), metavar="NAME",
                         help=f"sized mutants (default all): {', '.join(SIZED)}")
     add_run_options(parser)
@@ -73,19 +73,18 @@ def run(args) -> int:
 
 
 def chosen(impl: str, cp: int, tower: str, match: str, dtype: str, backend):
-    """The first plain sharded case of ``impl`` at CP ``cp`` whose id contains ``match``, in ``dtype``."""
+    """The first plain sharded case of ``impl`` at CP ``cp`` with more images than ranks whose id contains
+    ``match``, in ``dtype``: one with gradients, else (where a known limit stops the backward, MCore's gather on
+    gloo with unequal token counts) its outputs-only case."""
     from vdpcp import scenarios
     from vdpcp.expectations import known_limit
     from vdpcp.harness.config import planned_backend
 
-    for case in scenarios.matrix((cp,), impls=(impl,), tower=tower):
-        plain = (case.dp == case.tp == 1 and case.loss == "rank" and case.vision_dp_over_cp and case.grads
-                 and case.config_cp is None and len(case.spec.images) > cp)
-        if plain and match in case.id:
-            case = case.with_(dtype=dtype)
-            if known_limit(case, planned_backend(backend, case.world_size)) is None:
-                return case
-    return None
+    plain = [c.with_(dtype=dtype) for c in scenarios.matrix((cp,), impls=(impl,), tower=tower)
+             if c.dp == c.tp == 1 and c.loss == "rank" and c.vision_dp_over_cp and c.config_cp is None
+             and len(c.spec.images) > cp and match in c.id]
+    runnable = [c for c in plain if known_limit(c, planned_backend(backend, c.world_size)) is None]
+    return next((c for c in runnable if c.grads), next(iter(runnable), None))
 
 
 def bisect(case, name: str, timeout) -> dict:

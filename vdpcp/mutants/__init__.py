@@ -23,8 +23,7 @@ from vdpcp.mutants import interface  # noqa: F401
 from vdpcp.mutants import sized  # noqa: F401
 # isort: on
 from vdpcp.mutants.interface import NOT_APPLICABLE, MutantDoesNotApply, gradient_changed
-from vdpcp.mutants.registry import MUTANTS, Mutant, applied, generic, known, mutant
-from vdpcp.mutants.sized import SIZED
+from vdpcp.mutants.registry import MUTANTS, SIZED, Mutant, applied, generic, known, mutant
 
 __all__ = ["MUTANTS", "NOT_APPLICABLE", "SIZED", "Mutant", "MutantDoesNotApply", "applied", "generic",
            "gradient_changed", "known", "mutant"]

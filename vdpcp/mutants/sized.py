@@ -11,54 +11,17 @@ measurements of issue 35 were:
 - scale-image@eps: the tokens of the microbatch's first image in that rank's copy of the main output
   x (1 + eps) (from the implementation's plan: it does not apply to one without).
 
-They are kept apart from MUTANTS (``SIZED``): the mutation hunts run the named bugs, each of which a correct check
+They are kept apart from MUTANTS (vdpcp.mutants.registry.SIZED): the mutation hunts run the named bugs, each of which a correct check
 must catch at any size; these are instruments, caught or not according to their size.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable
 
 from vdpcp.mutants.interface import NOT_APPLICABLE, MutantDoesNotApply, _cp_rank, _Wrapped, gradient_changed
+from vdpcp.mutants.registry import sized
 from vdpcp.protocol import MAIN_OUTPUT, outputs_of
-
-
-@dataclass(frozen=True)
-class Sized:
-    name: str
-    bug: str  # with {eps} for the size
-    wrap: Callable[[object, float], object]  # (implementation, size) -> mutated implementation
-
-
-SIZED: dict[str, Sized] = {}
-
-
-def sized(name: str, bug: str):
-    def register(wrap):
-        SIZED[name] = Sized(name, bug, wrap)
-        return wrap
-
-    return register
-
-
-def parse(name: str) -> tuple[Sized, float] | None:
-    """``<name>@<size>`` as (its sized mutant, the size); None for a name without ``@``. ValueError naming the
-    input when the name is unknown or the size is not a finite positive number."""
-    if "@" not in name:
-        return None
-    base, _, size = name.partition("@")
-    if base not in SIZED:
-        raise ValueError(f"mutant {name!r}: unknown sized mutant {base!r}; expected one of {sorted(SIZED)} as NAME@SIZE")
-    try:
-        eps = float(size)
-    except ValueError:
-        eps = math.nan
-    if not (math.isfinite(eps) and eps > 0):
-        raise ValueError(f"mutant {name!r}: size {size!r} is not a positive number; expected NAME@SIZE, e.g. "
-                         f"{base}@1e-3")
-    return SIZED[base], eps
 
 
 def _on_last_rank(change):
