@@ -232,10 +232,10 @@ def _same_copies(result, out, cp_group) -> None:
         prints[i, result.cp_rank] = fingerprint(t.detach())
     prints = comm.all_reduce_sum(prints, cp_group)
     for (name, _), row in zip(out.items(), prints):
-        apart = [r for r in range(cp) if row[r] != row[0]]
-        if apart and result.cp_rank == 0:  # said once: every rank sees the same table
-            result.failures.append(f"exact (regrouped): outputs{'' if len(out) == 1 else f' {name!r}'}: the gathered "
-                                   f"copies on CP rank(s) {apart} are not bitwise CP rank 0's (a gather copies)")
+        if row[result.cp_rank] != row[0]:  # said by the rank whose copy is not rank 0's
+            result.failures.append(f"exact (regrouped): outputs{'' if len(out) == 1 else f' {name!r}'}: rank "
+                                   f"{result.rank} (CP rank {result.cp_rank})'s gathered copy is not bitwise CP rank "
+                                   f"0's (a gather copies)")
 
 
 def fingerprint(t: torch.Tensor) -> float:
