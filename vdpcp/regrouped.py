@@ -14,7 +14,10 @@ implementation is then bitwise equal, in
   (vdpcp.oracle.loss_weights) are sixteenths under 2, so that sum is exact in any order and any dtype: whichever
   order a collective adds them in, every rank's rows receive the same bits.
 
-The gradients are exact only where the backward is deterministic: always on the CPU; on CUDA under
+Two things make a correct run round apart from the regrouped one, and are held within EXTRA_ROWS_ULPS units of the
+dtype's rounding instead: rows its tower took besides its media (padding frames: other GEMM shapes), and an output
+computed from another after the gather (``derived_outputs``: the ranks' gradients are then summed after that
+computation). The gradients are exact only where the backward is deterministic: always on the CPU; on CUDA under
 ``torch.use_deterministic_algorithms(True)``, which ``deterministic`` turns on for the case where the process
 started with ``CUBLAS_WORKSPACE_CONFIG`` set (cuBLAS reads it when CUDA starts), and restores after. Elsewhere
 the gradients are left to the whole-microbatch checks and the outputs alone are held exactly (the forward is
