@@ -243,13 +243,15 @@ def _same_copies(result, out, cp_group) -> None:
 
 def fingerprint(t: torch.Tensor) -> float:
     """The bits of ``t`` hashed to an integer under 2**48 (a float64 holds it, and CP of them sum exactly): bitwise
-    equal tensors print alike, and a one-bit change moves the print (by its odd weight, modulo 2**48)."""
+    equal tensors print alike, and a change in any one element moves the print (its low 48 bits and the rest each
+    times an odd weight, which is invertible modulo 2**48)."""
     if t.numel() == 0:
         return 0.0
     bits = t.contiguous().reshape(-1).view(BITS[t.element_size()]).to(torch.int64)
-    gen = torch.Generator().manual_seed(FINGERPRINT_SEED)
-    weights = (torch.randint(0, 2**20, bits.shape, generator=gen) * 2 + 1).to(bits.device)
-    return float(((bits & MASK) * weights).sum().item() & MASK)
+    gen = torch.Generator(device=bits.device).manual_seed(FINGERPRINT_SEED)
+    low, high = (torch.randint(0, 2**20, bits.shape, generator=gen, device=bits.device) * 2 + 1 for _ in range(2))
+    mixed = (bits & MASK) * low + ((bits >> 48) & 0xFFFF) * high  # int64 products wrap modulo 2**64, a multiple of 2**48
+    return float(mixed.sum().item() & MASK)
 
 
 def _encode(impl, model, batch, rows):

@@ -47,8 +47,10 @@ def test_a_fingerprint_tells_one_flipped_bit_and_matches_equal_bits(dtype):
     t = torch.randn(40, 24, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dtype)
     flipped = t.clone()
     flipped.view(regrouped.BITS[t.element_size()]).view(-1)[517] ^= 1  # the last bit of one element's mantissa
+    signed = t.clone()
+    signed.view(-1)[3] = -signed.view(-1)[3]  # the top bit (float64's is above the 48 the print keeps whole)
     assert regrouped.fingerprint(t) == regrouped.fingerprint(t.clone()) < 2**48
-    assert regrouped.fingerprint(flipped) != regrouped.fingerprint(t)
+    assert regrouped.fingerprint(flipped) != regrouped.fingerprint(t) != regrouped.fingerprint(signed)
 
 
 def test_loss_weights_sum_over_eight_ranks_exactly_in_bf16_in_any_order():
