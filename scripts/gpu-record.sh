@@ -120,7 +120,7 @@ real-mutants() {
 sensitivity() {
     local dtype=${SENS_DTYPE:-bfloat16}
     step "VDPCP_DEVICE=cuda vdpcp bench sensitivity --tower real --cp 2 --dtype $dtype --backend gloo"
-    VDPCP_DEVICE=cuda timeout "${REAL_S:-560}" python3 -m vdpcp bench sensitivity --tower real --cp 2 --dtype "$dtype" \
+    VDPCP_DEVICE=cuda timeout "${REAL_S:-560}" python3 -m vdpcp bench sensitivity --tower real --cp 2 --dtype "$dtype" -k multi-image \
         --backend gloo --mutant scale-rank-features scale-rank-grad nudge-token ${REAL_IMPL:+--impl $REAL_IMPL} \
         --json "$out/sensitivity-$dtype.json" >"$out/sensitivity-$dtype.txt" 2>&1
     took $?; tail -14 "$out/sensitivity-$dtype.txt"
