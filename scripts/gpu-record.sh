@@ -16,6 +16,10 @@
 #              (REAL_CP: the CP sizes; REAL_S: the time limit; REAL_IMPL, REAL_K: some subjects, the case ids holding
 #              REAL_K, written as real-DTYPE-REAL_K.txt, .json)
 #   real-mutants  every named and generic mutant of the reference at the real size, bf16 -> real-mutants.txt, .json
+#   sensitivity  the smallest planted bug each check catches, every shipped subject at --tower real, CP 2, gloo ranks
+#              sharing the GPU, a rank's features and its gradient x (1 + eps), one token + eps x its norm
+#              (vdpcp bench sensitivity; SENS_DTYPE: bfloat16 by default, float32 the other run)
+#                                                                          -> sensitivity-DTYPE.txt, .json
 #   faults     what a faulted case costs over a passing one (vdpcp bench faults)    -> bench-faults.json
 #   ab         the A/B, flag on against off, CP 2 sharing the GPU, bf16, ViT-L-sized  -> ab.txt, ab.json, ab.png
 #   memory     busiest-rank memory and time of encode+project, sharded vs unsharded
@@ -28,7 +32,7 @@
 #   set -o pipefail; scripts/gpu-record.sh job nccl-cp1 bf16 2>&1 | tee $OUT/gpu-record-stdout.txt   # carry: .whl
 #   set -o pipefail; scripts/gpu-record.sh faults ab memory 2>&1 | tee $OUT/gpu-record-stdout-2.txt
 set -u
-ALL="job nccl-cp1 bf16 real real-f32 real-mutants faults ab memory"
+ALL="job nccl-cp1 bf16 real real-f32 real-mutants sensitivity faults ab memory"
 SUBJECTS="reference mcore qwen2_5_vl automodel automodel-shipped nemotron-omni"
 out=${OUT:-reports/gpu}
 if [ "${1:-}" = --out ]; then
@@ -47,6 +51,9 @@ fi
 [ -d /tmp/site ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} COLUMNS=240 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # the device tool's rule: no NVLink multicast
+# cuBLAS reads it when CUDA starts: with it, each case runs under deterministic algorithms and the regrouped reference
+# holds gradients bitwise (vdpcp.regrouped; RankResult.deterministic says "on"). Without it, outputs only.
+export CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8}
 python3 - <<'EOF'  # what the record's first line states
 import sys
 from importlib.metadata import PackageNotFoundError, version
@@ -108,6 +115,15 @@ real-mutants() {
     VDPCP_DEVICE=cuda timeout "${REAL_S:-560}" python3 -m vdpcp mutants --dtype bfloat16 --tower real --backend gloo \
         --json "$out/real-mutants.json" >"$out/real-mutants.txt" 2>&1
     took $?; grep "mutants of" "$out/real-mutants.txt" | tail -1
+}
+
+sensitivity() {
+    local dtype=${SENS_DTYPE:-bfloat16}
+    step "VDPCP_DEVICE=cuda vdpcp bench sensitivity --tower real --cp 2 --dtype $dtype --backend gloo"
+    VDPCP_DEVICE=cuda timeout "${REAL_S:-560}" python3 -m vdpcp bench sensitivity --tower real --cp 2 --dtype "$dtype" -k multi-image \
+        --backend gloo --mutant scale-rank-features scale-rank-grad nudge-token ${REAL_IMPL:+--impl $REAL_IMPL} \
+        --json "$out/sensitivity-$dtype.json" >"$out/sensitivity-$dtype.txt" 2>&1
+    took $?; tail -14 "$out/sensitivity-$dtype.txt"
 }
 
 faults() {  # no preload (the harness before it preloaded on GPUs) against the case imports preloaded, workers

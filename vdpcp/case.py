@@ -109,6 +109,8 @@ class RankResult:
     model: str = ""  # "built" for this case, or "reused" from an earlier one (vdpcp.model_cache)
     precision: str = ""  # the precision the arms ran in (vdpcp.precision.in_effect: TF32 on CUDA, say)
     collectives: str = ""  # what stood in for a collective of torch's in the sharded arm (vdpcp.gloo_collectives)
+    deterministic: str = ""  # whether its backward was deterministic (vdpcp.regrouped.deterministic): cpu, on, off (why)
+    exact: str = ""  # what the regrouped reference held bitwise on this rank, or why nothing (vdpcp.regrouped)
     turns: bool = False  # this rank took its turn on a shared GPU for the unsharded arm (vdpcp.harness.turns)
     seconds: dict[str, float] = field(default_factory=dict)  # per phase: build, unsharded, sharded
     memory: dict[str, int] = field(default_factory=dict)  # bytes held (model, unsharded grads, ...) and the CUDA peak

@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from vdpcp import budget, comm, gloo_collectives, model_cache, precision, sketch
+from vdpcp import budget, comm, gloo_collectives, model_cache, precision, regrouped, sketch
 from vdpcp.case import Case, RankResult
 from vdpcp.harness.turns import turn
 from vdpcp.layout import zigzag_positions
@@ -90,16 +90,17 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
     model, result.model = model_cache.acquire(impl, case.impl, case, dtype, device)
     clock.lap("build")
     try:
-        with _turns(ctx, case, result):
-            unsharded = _unsharded(impl, case, model, replica_spec(case, groups.dp_rank), result, groups.cp_rank, device,
-                                   clock)
-            _give_back(ctx)
-        memory.phase("unsharded peak")
-        if unsharded is not None:
-            with gloo_collectives.on_gloo(groups.cp) as swap:  # torch.distributed.nn's gloo all_to_all, made right
-                _sharded(impl, case, model, unsharded, result, groups, clock)
-            result.collectives = gloo_collectives.used(swap)
-            memory.phase("sharded peak")
+        with regrouped.deterministic(device, result):
+            with _turns(ctx, case, result):
+                unsharded = _unsharded(impl, case, model, replica_spec(case, groups.dp_rank), result, groups.cp_rank,
+                                       device, clock)
+                _give_back(ctx)
+            memory.phase("unsharded peak")
+            if unsharded is not None:
+                with gloo_collectives.on_gloo(groups.cp) as swap:  # torch.distributed.nn's gloo all_to_all, made right
+                    _sharded(impl, case, model, unsharded, result, groups, clock)
+                result.collectives = gloo_collectives.used(swap)
+                memory.phase("sharded peak")
     finally:
         problem = model_cache.release(model)
         _give_back(ctx)
@@ -238,6 +239,9 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
               if precision.low(dtype) else precision.compare(label, out[name], expected))
         result.out_err = max(result.out_err, precision.max_abs(out[name], expected))
     if any(out[n].shape != ref.out[n].shape for n in ref.out) or not ref.gradients:
+        if not ref.gradients and ref.sharded and not replicated_run:  # shapes that differ stop every rank alike
+            regrouped.hold(result, impl, subject, batch, out, ref.weights, plan, read, groups.cp, grads=False,
+                           watch=Execution)
         return  # every rank gathered the same shapes, so every rank stops here: no collective hangs
     if _graphless(result, out, ref.graph, groups.cp):
         return  # decided over the CP group, so every rank stops here alike
@@ -259,6 +263,10 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
         own = [held_part(g, p, groups.tp_rank, case.tp) for p, g in zip(subject.parameters(), ref.own_grads)]
         _check_rank_alone(result, subject, own, dtype, ref.rounding.own_params)
     clock.lap("gradients")
+    if owned:
+        regrouped.hold(result, impl, subject, batch, out, ref.weights, plan, read, groups.cp, grads=True,
+                       watch=Execution)
+        clock.lap("regrouped")
 
 
 def _fail(result: RankResult, why: str | None) -> None:
@@ -306,10 +314,18 @@ def loss_weights(case: Case, spec, rank: int, shape, dtype, device, output: int 
     """W_rank for one output: deterministic per (spec seed, CP rank, output); under zigzag, zero outside the
     rank's LM shard (every output is over the same token rows)."""
     gen = torch.Generator().manual_seed((1_000_003 * spec.seed + rank + OUTPUT_SEED_STRIDE * output) % 2**63)
-    w = torch.randn(shape, generator=gen, dtype=torch.float64)
+    w = sixteenths(torch.randn(shape, generator=gen, dtype=torch.float64))
     if case.loss == "zigzag":
         w = w * zigzag_rows(shape[0], case.cp, rank).unsqueeze(-1)
     return w.to(dtype=dtype, device=device)
+
+
+def sixteenths(draw: torch.Tensor) -> torch.Tensor:
+    """A draw as odd sixteenths in (-2, 2), never zero: any sum of up to 8 of them (a gather's backward over 8 CP
+    ranks) is a multiple of 1/16 under 16 in magnitude, 8 significant bits, so exact in bf16, float32 and float64
+    in any order. Every rank's rows then receive the same gradient bits however a collective adds, which the
+    regrouped reference (vdpcp.regrouped) needs to hold gradients bitwise."""
+    return (torch.floor(draw.clamp(-2, 2 - 1 / 16) * 8) * 2 + 1) / 16
 
 
 def zigzag_rows(num_vision: int, cp: int, rank: int) -> torch.Tensor:

@@ -114,6 +114,7 @@ def check_record(row: CheckRow) -> dict:
             {"rank": r.rank, "cp_rank": r.cp_rank, "backend": r.backend, "device": r.device,
              "collectives": r.collectives, "encoded": r.encoded,
              "images": r.images, "placeholders": r.placeholders, "patches": r.patches,
+             "deterministic": r.deterministic, "exact": r.exact,
              **{attr: _finite(getattr(r, attr)) for attr, _ in ERRORS}, "unchecked_grads": r.unchecked_grads,
              "failures": r.failures}
             for r in result.ranks

@@ -60,7 +60,7 @@ def test_a_bug_on_one_non_zero_rank_fails_and_the_report_names_it(name, case_id,
 def test_outputs_wrong_on_the_last_rank_alone_fail_the_case():
     result = run_case(MATRIX["eight-equal-cp2-reference-count"].with_(mutant="features-rolled-on-last-rank", grads=False))
     assert result.verdict == "fail"
-    assert [f.split(":")[0] for f in result.failures] == ["rank 1"], result.summary()
+    assert {f.split(":")[0] for f in result.failures} == {"rank 1"}, result.summary()  # rank 1 alone is blamed
 
 
 SHORT_TP_WAIT_S = 2.0  # the wait itself is what is tested, not its length: the shipped 10 s would idle a worker

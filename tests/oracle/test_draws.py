@@ -4,7 +4,7 @@ version of vdpcp (a saved file holds shapes and a seed, never pixels or weights:
 - DP replica d encodes the microbatch of seed s + 7919 d: replica 1 of seed 7 is the microbatch of seed 7926,
   whatever the version; the replica's spec (which the implementation is handed, as its batch's spec) wraps at
   2**64, the range a spec's seed takes, not before.
-- CP rank r's loss weights for output k are fixed draws of (seed, r, k), written out below, for the main features
+- CP rank r's loss weights for output k are fixed draws of (seed, r, k), as odd sixteenths, written out below, for the main features
   and for a second output, at a small seed and at the largest one; and two specs whose pixels differ draw
   different loss weights too (torch's CPU generator reads a seed's low 32 bits, so
   pixels differ exactly where the seeds' low 32 bits do).
@@ -44,10 +44,13 @@ def _weights(seed: int, rank: int, output: int, shape=(2, 3)) -> torch.Tensor:
 
 def _documented_draw(seed: int, rank: int, output: int, shape=(2, 3)) -> torch.Tensor:
     """The draw a saved case of ``seed`` made for CP rank ``rank``'s output ``output``: torch's CPU generator at
-    seed 1_000_003 s + r + 104_729 k (mod 2**63). Written out here, not taken from vdpcp, so that a change of the
-    draw fails; and drawn with this torch, not stored, so that it holds on every torch the suite supports."""
+    seed 1_000_003 s + r + 104_729 k (mod 2**63), rounded down to a sixteenth-step in [-2, 2) and centred in it
+    (odd sixteenths, so that their sums over ranks are exact: vdpcp.regrouped). Written out here, not taken from
+    vdpcp, so that a change of the draw fails; and drawn with this torch, not stored, so that it holds on every
+    torch the suite supports."""
     gen = torch.Generator().manual_seed((1_000_003 * seed + rank + 104_729 * output) % 2**63)
-    return torch.randn(shape, generator=gen, dtype=torch.float64)
+    draw = torch.randn(shape, generator=gen, dtype=torch.float64)
+    return (torch.floor(draw.clamp(-2, 2 - 1 / 16) * 8) * 2 + 1) / 16
 
 
 @pytest.mark.parametrize("seed, rank, output", [(7, 0, 0), (7, 1, 1), (2**64 - 1, 3, 2)],

@@ -24,9 +24,13 @@ def _judge(subject: str, dtype: str):
 
 
 @pytest.mark.distributed
-def test_float32_gradients_further_apart_than_rtol_but_within_the_measured_slack_pass():
+def test_float32_gradients_further_apart_than_rtol_but_within_the_measured_slack_pass_the_whole_microbatch():
+    """The whole-microbatch checks pass them; the regrouped reference (vdpcp.regrouped), which holds each rank's own
+    gradients bitwise, is the one check that fails them: a correct implementation's own rows round exactly as an
+    unsharded run of them does."""
     judged = _judge("within_the_slack", "float32")  # 1.6e-6 apart: over rtol 1.3e-6, within it + ~6.7e-7
-    assert judged.verdict == "pass", judged.result.summary()
+    assert judged.verdict == "fail", judged.result.summary()
+    assert all("exact (regrouped): input grads" in f for f in judged.result.failures), judged.result.summary()
 
 
 @pytest.mark.distributed

@@ -7,6 +7,7 @@ TARGETS = {
     "faults": "vdpcp.bench.faults",
     "harness": "vdpcp.bench.harness",
     "memory": "vdpcp.bench.memory",
+    "sensitivity": "vdpcp.bench.sensitivity",
     "towers": "vdpcp.bench.towers",
     "wire": "vdpcp.bench.wire",
 }

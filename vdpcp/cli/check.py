@@ -94,10 +94,14 @@ def select(args) -> tuple[list, list]:
     if args.dtype != "float64":
         cases = [c.with_(dtype=args.dtype) for c in cases]
     if args.mutant:
-        from vdpcp.mutants import MUTANTS
+        from vdpcp.mutants import MUTANTS, known
 
-        if args.mutant not in MUTANTS:
-            raise UsageError(f"--mutant {args.mutant}: unknown mutant; expected one of {sorted(MUTANTS)}")
+        try:
+            if not known(args.mutant):
+                raise UsageError(f"--mutant {args.mutant}: unknown mutant; expected one of {sorted(MUTANTS)} or "
+                                 f"a sized one, NAME@SIZE")
+        except ValueError as err:
+            raise UsageError(f"--mutant {err}") from None
         cases = [c.with_(mutant=args.mutant) for c in cases]
     if not cases:
         raise UsageError("no case matches the options (--cp, --impl, --split, --loss, --match)")

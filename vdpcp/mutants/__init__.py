@@ -11,6 +11,7 @@ matrix before it is called a survivor.
     registry.py       the Mutant record, MUTANTS, the @mutant and @generic decorators, applied()
     sharded_path.py   the named bugs of vdpcp's own sharded path (@mutant)
     interface.py      the generic mutants, at the interface of any implementation (@generic)
+    sized.py          perturbations of a chosen size (NAME@SIZE), for `vdpcp bench sensitivity`; not in MUTANTS
 
 This package is the registry's public face: importing it registers every mutant, the sharded path's first.
 """
@@ -19,9 +20,10 @@ This package is the registry's public face: importing it registers every mutant,
 # Registering, in this order: MUTANTS lists (and `vdpcp mutants` runs) the sharded path's bugs first.
 from vdpcp.mutants import sharded_path  # noqa: F401
 from vdpcp.mutants import interface  # noqa: F401
+from vdpcp.mutants import sized  # noqa: F401
 # isort: on
 from vdpcp.mutants.interface import NOT_APPLICABLE, MutantDoesNotApply, gradient_changed
-from vdpcp.mutants.registry import MUTANTS, Mutant, applied, generic, mutant
+from vdpcp.mutants.registry import MUTANTS, SIZED, Mutant, applied, generic, known, mutant
 
-__all__ = ["MUTANTS", "NOT_APPLICABLE", "Mutant", "MutantDoesNotApply", "applied", "generic", "gradient_changed",
-           "mutant"]
+__all__ = ["MUTANTS", "NOT_APPLICABLE", "SIZED", "Mutant", "MutantDoesNotApply", "applied", "generic",
+           "gradient_changed", "known", "mutant"]

@@ -1,0 +1,104 @@
+"""The regrouped reference (vdpcp.regrouped): each rank held bitwise to an unsharded encode of exactly its media.
+
+A bug of 1e-9 relative on one rank's features (or on the gradient it hands back) is inside float64's assert_close
+tolerance (rtol 1e-7), so the whole-microbatch checks pass it; the regrouped reference must fail it, naming the
+rank. Correct runs stay green and say what was held (RankResult.exact).
+"""
+
+import pytest
+import torch
+
+from vdpcp import oracle, regrouped
+from vdpcp.case import Case, RankResult
+from vdpcp.runner import run_case
+from vdpcp.scenarios import matrix
+from vdpcp.spec import MicrobatchSpec
+
+VIDEO = MicrobatchSpec(images=((8, 8),) * 5 + ((8, 12),) * 2, num_frames=(3, 1, 1, 2), temporal_patch_size=2, seed=3,
+                       name="video")
+
+
+def _case(case_id: str, **changes) -> Case:
+    impl = next(name for name in ("qwen2_5_vl", "automodel", "mcore", "reference") if f"-{name}-" in case_id)
+    return next(c for c in matrix(impls=(impl,)) if c.id == case_id).with_(**changes)
+
+
+# --- pure parts ------------------------------------------------------------------------------------------------
+
+
+def test_a_ranks_rows_become_a_microbatch_whose_media_keep_their_frames_together():
+    cut = regrouped.sub_spec(VIDEO, [1, 2, 3, 5, 6])
+    assert cut.images == tuple(VIDEO.images[r] for r in (1, 2, 3, 5, 6))
+    assert cut.num_frames == (2, 1, 2)  # rows 1-2 of the first video, the still at row 3, the whole second video
+    assert regrouped.sub_spec(MicrobatchSpec(images=((8, 8), (4, 8), (8, 4))), [0, 2]).num_frames is None
+
+
+def test_a_sub_batch_holds_exactly_those_rows_patches_as_a_leaf_of_its_own():
+    batch = VIDEO.tensors()
+    sub = regrouped.sub_batch(batch, [3, 5])
+    cu = batch.cu_seqlens.tolist()
+    assert torch.equal(sub.patches[0], torch.cat([batch.patches[0, cu[3]:cu[4]], batch.patches[0, cu[5]:cu[6]]]))
+    assert sub.patches.is_leaf and sub.patches.requires_grad
+    assert sub.cu_seqlens.tolist() == [0, cu[4] - cu[3], cu[4] - cu[3] + cu[6] - cu[5]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_a_fingerprint_tells_one_flipped_bit_and_matches_equal_bits(dtype):
+    t = torch.randn(40, 24, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dtype)
+    flipped = t.clone()
+    flipped.view(regrouped.BITS[t.element_size()]).view(-1)[517] ^= 1  # the last bit of one element's mantissa
+    signed = t.clone()
+    signed.view(-1)[3] = -signed.view(-1)[3]  # the top bit (float64's is above the 48 the print keeps whole)
+    assert regrouped.fingerprint(t) == regrouped.fingerprint(t.clone()) < 2**48
+    assert regrouped.fingerprint(flipped) != regrouped.fingerprint(t) != regrouped.fingerprint(signed)
+
+
+def test_loss_weights_sum_over_eight_ranks_exactly_in_bf16_in_any_order():
+    draws = [oracle.sixteenths(torch.randn(4096, generator=torch.Generator().manual_seed(r), dtype=torch.float64))
+             for r in range(8)]
+    assert all(((w * 16) % 2 == 1).all() and w.abs().max() < 2 for w in draws)  # odd sixteenths, never zero
+    exact = sum(draws)
+    for order in (range(8), reversed(range(8)), (3, 0, 7, 1, 6, 2, 5, 4)):
+        total = torch.zeros(4096, dtype=torch.bfloat16)
+        for r in order:
+            total = total + draws[r].bfloat16()
+        assert torch.equal(total.double(), exact)
+
+
+def test_deterministic_algorithms_are_turned_on_on_cuda_only_where_cublas_allows_and_restored(monkeypatch):
+    cuda, before = torch.device("cuda"), torch.are_deterministic_algorithms_enabled()
+    result = RankResult(0)
+    with regrouped.deterministic(torch.device("cpu"), result):
+        assert torch.are_deterministic_algorithms_enabled() == before
+    assert result.deterministic == "cpu" and regrouped.exact_grads(result)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    with regrouped.deterministic(cuda, result):
+        assert torch.are_deterministic_algorithms_enabled() == before
+    assert result.deterministic.startswith("off") and not regrouped.exact_grads(result)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    with pytest.raises(KeyError), regrouped.deterministic(cuda, result):  # restored even when the case raises
+        assert torch.are_deterministic_algorithms_enabled()
+        raise KeyError("a case that raised")
+    assert torch.are_deterministic_algorithms_enabled() == before and result.deterministic == "on"
+
+
+# --- on ranks ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case_id", ["eight-equal-cp2-reference-count", "video-and-images-cp2-reference-packed",
+                                     "eight-equal-cp2-qwen2_5_vl-count", "mixed-sizes-cp2-automodel-contiguous-balanced"])
+def test_a_correct_run_is_bitwise_its_ranks_regrouped_runs(case_id):
+    result = run_case(_case(case_id))
+    assert result.passed, result.summary()
+    assert all(r.exact.startswith("outputs, input and parameter gradients") for r in result.ranks), \
+        [r.exact for r in result.ranks]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("mutant", ["scale-rank-features@1e-9", "scale-rank-grad@1e-9", "nudge-token@1e-9"])
+@pytest.mark.parametrize("case_id", ["eight-equal-cp2-reference-count", "eight-equal-cp2-qwen2_5_vl-count"])
+def test_a_bug_inside_float64s_tolerance_fails_only_the_exact_check(mutant, case_id):
+    result = run_case(_case(case_id, mutant=mutant))
+    assert result.verdict == "fail", result.summary()
+    assert all("exact (regrouped)" in f for f in result.failures), result.summary()  # assert_close absorbed it

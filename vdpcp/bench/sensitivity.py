@@ -1,0 +1,147 @@
+"""How small a bug each check catches: planted perturbations of a chosen size, bisected per subject and dtype.
+
+For each implementation and dtype (at ``--tower``), one sharded case of the matrix (the first whose id contains
+``-k``; plain: no DP, TP, zigzag or known limit) runs with each sized mutant (vdpcp.mutants.sized: the last CP
+rank's features x (1 + eps), the gradient it hands back x (1 + eps), one token + eps x its norm, one image's tokens
+x (1 + eps)) over a grid of sizes, and prints, per check, the smallest size on the grid that check caught:
+``exact`` (the regrouped reference, vdpcp.regrouped), ``outputs``, ``input grads`` and ``param grads`` (the
+whole-microbatch checks, within the dtype's tolerance). Each check's threshold is bisected on the grid, assuming a
+check that catches a size catches every larger one; "-" is a check that caught none of the grid. The issue's
+target (at the real size, bf16 and float32): every subject's case fails at 1e-3 for a rank's features and its
+gradient. Exit 1 if a correct run (no mutant) of a chosen case did not pass.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from vdpcp.cli import DTYPES, IMPL_HELP, RANKS, TOWER_HELP, add_run_options, checked_impls, checked_tower
+
+SHIPPED = ("reference", "mcore", "qwen2_5_vl", "automodel")
+GRID = tuple(10.0**-k for k in range(12, 0, -1))  # 1e-12 .. 1e-1, ascending
+CHECKS = ("exact", "outputs", "input grads", "param grads")
+
+
+def add_arguments(parser) -> None:
+    from vdpcp.mutants import SIZED
+
+    parser.add_argument("--impl", nargs="+", default=list(SHIPPED), metavar="IMPL",
+                        help=f"implementations (default: every shipped subject): {IMPL_HELP}")
+    parser.add_argument("--cp", type=RANKS, default=2, metavar="N", help="CP size (default 2)")
+    parser.add_argument("--dtype", choices=DTYPES, nargs="+", default=["float64"], help="dtypes (default float64)")
+    parser.add_argument("--tower", default="toy", metavar="SIZE", help=TOWER_HELP)
+    parser.add_argument("-k", "--match", default="", metavar="TEXT",
+                        help="the case: the first sharded one (more images than ranks) whose id contains TEXT")
+    parser.add_argument("--mutant", nargs="+", default=list(SIZED), choices=list(SIZED), metavar="NAME",
+                        help=f"sized mutants (default all): {', '.join(SIZED)}")
+    add_run_options(parser)
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write every threshold and run as JSON")
+
+
+def run(args) -> int:
+    from vdpcp.cli import UsageError
+    from vdpcp.harness.config import configure
+    from vdpcp.runner import preload_case_modules
+
+    impls = checked_impls(args.impl)
+    tower = checked_tower(args.tower, impls)
+    if args.backend is not None:
+        configure(backend=args.backend)  # for this call only: vdpcp.cli.main scopes it
+    preload_case_modules(impls)
+    rows, ok, started = [], True, time.monotonic()
+    for impl in impls:
+        for dtype in args.dtype:
+            case = chosen(impl, args.cp, tower, args.match, dtype, args.backend)
+            if case is None:
+                raise UsageError(f"-k {args.match}: no plain sharded case of {impl} at CP {args.cp} ({tower} tower) "
+                                 f"has it in its id")
+            clean = _verdict(case, args.timeout)
+            ok &= clean[0] == "pass"
+            for name in args.mutant:
+                row = bisect(case, name, args.timeout)
+                row.update(clean=clean[0])
+                rows.append(row)
+                print(line(row), flush=True)
+                if args.json:
+                    write(args.json, rows, time.monotonic() - started)
+    print(f"{len(rows)} thresholds in {time.monotonic() - started:.1f} s; the grid {GRID[0]:g} .. {GRID[-1]:g}")
+    if args.json:
+        write(args.json, rows, time.monotonic() - started)
+    return 0 if ok else 1
+
+
+def chosen(impl: str, cp: int, tower: str, match: str, dtype: str, backend):
+    """The first plain sharded case of ``impl`` at CP ``cp`` with more images than ranks whose id contains
+    ``match``, in ``dtype``: one with gradients, else (where a known limit stops the backward, MCore's gather on
+    gloo with unequal token counts) its outputs-only case."""
+    from vdpcp import scenarios
+    from vdpcp.expectations import known_limit
+    from vdpcp.harness.config import planned_backend
+
+    plain = [c.with_(dtype=dtype) for c in scenarios.matrix((cp,), impls=(impl,), tower=tower)
+             if c.dp == c.tp == 1 and c.loss == "rank" and c.vision_dp_over_cp and c.config_cp is None
+             and len(c.spec.images) > cp and match in c.id]
+    runnable = [c for c in plain if known_limit(c, planned_backend(backend, c.world_size)) is None]
+    return next((c for c in runnable if c.grads), next(iter(runnable), None))
+
+
+def bisect(case, name: str, timeout) -> dict:
+    """Per check, the smallest size on GRID it caught (a check that catches a size catches every larger one)."""
+    runs: dict[int, tuple[str, set[str]]] = {}
+
+    def caught(i: int) -> tuple[str, set[str]]:
+        if i not in runs:
+            runs[i] = _verdict(case.with_(mutant=f"{name}@{GRID[i]:g}"), timeout)
+        return runs[i]
+
+    top = caught(len(GRID) - 1)
+    smallest: dict[str, float | None] = {}
+    for check in CHECKS:
+        if check not in top[1]:
+            smallest[check] = None
+            continue
+        lo, hi = -1, len(GRID) - 1  # GRID[hi] caught; GRID[lo] not (or below the grid)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if check in caught(mid)[1] else (mid, hi)
+        smallest[check] = GRID[hi]
+    return {"impl": case.impl, "dtype": case.dtype, "tower": case.tower, "cp": case.cp, "case": case.id,
+            "mutant": name, "top": top[0], "smallest": smallest,
+            "runs": {f"{GRID[i]:g}": sorted(checks) for i, (_, checks) in sorted(runs.items())}}
+
+
+def _verdict(case, timeout) -> tuple[str, set[str]]:
+    """The case's verdict and the checks that failed in it."""
+    import contextlib
+    import io
+
+    from vdpcp.runner import run_case
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        result = run_case(case, timeout=timeout)
+    return result.verdict, {check_of(f) for f in result.failures} & set(CHECKS)
+
+
+def check_of(failure: str) -> str:
+    """Which check a failure line is from: "rank N: <check>: ..." (the oracle's wording)."""
+    text = failure.split(": ", 1)[1] if failure.startswith("rank ") else failure
+    if text.startswith("exact (regrouped)"):
+        return "exact"
+    return next((c for c in CHECKS[1:] if text.startswith(c)), "other")
+
+
+def line(row: dict) -> str:
+    found = "  ".join(f"{check} {_size(row['smallest'][check])}" for check in CHECKS)
+    note = "" if row["top"] in ("fail", "pass") else f"  ({row['top']} at {GRID[-1]:g}: does not apply?)"
+    return f"{row['impl']} {row['dtype']} {row['tower']} CP {row['cp']}  {row['mutant']}:  {found}{note}"
+
+
+def _size(size) -> str:
+    return "-" if size is None else f"{size:g}"
+
+
+def write(path: Path, rows: list[dict], wall: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"grid": list(GRID), "rows": rows, "wall_s": round(wall, 1)}, indent=1) + "\n")
