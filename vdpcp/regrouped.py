@@ -76,7 +76,12 @@ def deterministic(device: torch.device, result):
         yield
         return
     before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    cudnn_sdp = torch.backends.cuda.cudnn_sdp_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)  # an op without one warns: never an error of the case
+    # Under warn_only, cuDNN's attention backward stays non-deterministic and says nothing (measured on the H200:
+    # the regrouped run's gradients 3e-4 off in bf16 at the real size); flash and memory-efficient attention are
+    # bitwise repeatable under the flag (FINDINGS), so SDPA picks one of them for the case.
+    torch.backends.cuda.enable_cudnn_sdp(False)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -89,6 +94,7 @@ def deterministic(device: torch.device, result):
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cuda.enable_cudnn_sdp(cudnn_sdp)
 
 
 def exact_grads(result) -> bool:
@@ -197,11 +203,17 @@ def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: 
         named = list(model.named_parameters())
         params = [p for _, p in named]
         loss = sum((received[name] * t).sum() for name, t in ref_out.items())
-        want = torch.autograd.grad(loss, [sub.patches, *params], allow_unused=True)
-        picked = patch_index([int(c) for c in batch.cu_seqlens], own.rows).to(batch.patches.device)
-        _exact(result, "input grads", whose, _grad(batch.patches)[:, picked], want[0], ulps)
-        _exact_params(result, whose, named, want[1:], ulps)
-        held = "outputs, input and parameter gradients"
+        want = torch.autograd.grad(loss, [sub.patches, *params], allow_unused=True, retain_graph=True)
+        # The same backward again: where it does not repeat itself bit for bit (a kernel with no deterministic path
+        # that said nothing), no bitwise verdict on gradients can be fair, and they are left to the other checks.
+        again = torch.autograd.grad(loss, [sub.patches, *params], allow_unused=True)
+        if _repeats(want, again):
+            picked = patch_index([int(c) for c in batch.cu_seqlens], own.rows).to(batch.patches.device)
+            _exact(result, "input grads", whose, _grad(batch.patches)[:, picked], want[0], ulps)
+            _exact_params(result, whose, named, want[1:], ulps)
+            held = "outputs, input and parameter gradients"
+        else:
+            result.deterministic = f"{result.deterministic}, but the regrouped run's backward did not repeat itself"
     why = [f"its tower took {extra} rows besides its media"] if extra > 0 else []
     why += [f"output {a!r} is computed from {b!r} after the gather" for a, b in derived[:1]]
     how = f"within {ulps} units of rounding ({'; '.join(why)})" if ulps else "bitwise"
@@ -283,6 +295,12 @@ def _exact_params(result, whose: str, named, want, ulps: int) -> None:
                            f"exactly them, given the gradient its rows received (first: {named[off][0]}, of "
                            f"{len(params)}): relative 2-norm {precision.relative(got, want):.3g}"
                            f"{_allowed(params[0].dtype, ulps)}")
+
+
+def _repeats(first, second) -> bool:
+    """Two backward passes of one graph gave the same bits (None where a parameter got no gradient, both times)."""
+    return all((a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+               for a, b in zip(first, second))
 
 
 def _same(got: list, want: list, ulps: int) -> bool:
