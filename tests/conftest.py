@@ -55,5 +55,8 @@ def on_the_cpu(monkeypatch):
     """Gloo ranks keep their tensors on the CPU and cases are sized for this machine's CPU, whatever the job exports:
     a GPU runner may set VDPCP_DEVICE=cuda job-wide (the README does for the real-size step), and a test that asserts
     a CPU fact (the "ran on" column, figures not measured off a GPU, the CPU's limits) must choose the CPU itself.
-    The rank workers read the caller's environment at every case, so they see it too."""
+    The rank workers read the caller's environment at every case, so they see it too. The backend too: on a machine
+    with GPUs ``auto`` picks NCCL for a case that fits them (measured on the H200: the CPU's refusals of huge specs
+    then did not happen, the case being sized for the GPU)."""
     monkeypatch.delenv("VDPCP_DEVICE", raising=False)
+    monkeypatch.setenv("VDPCP_BACKEND", "gloo")

@@ -115,7 +115,7 @@ def test_off_a_terminal_mutants_prints_every_case_it_tried_and_each_mutant_as_it
 
 
 @pytest.mark.distributed
-def test_off_a_terminal_fuzz_prints_every_microbatch_it_runs(tmp_path, capsys):
+def test_off_a_terminal_fuzz_prints_every_microbatch_it_runs(tmp_path, capsys, on_the_cpu):  # it asserts gloo/cpu
     assert main(["fuzz", "--cp", "2", "--budget", "3", "--seed", "1", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out.splitlines()
     runs = [line for line in out if line.startswith("[")]
