@@ -28,16 +28,15 @@ class _Done:
 
 
 class LocalBackward:
-    """``opened(grad)``, as the outputs' gradient hook, opens the span; the end of that backward closes it.
-
-    ``calls`` counts the collectives kept local. ``close()`` puts torch.distributed back and may be called again
-    (the case's end calls it too, so that nothing outlives a case whose backward raised).
+    """``opened(grad)``, as the outputs' gradient hook, opens the span; the end of that backward closes it and
+    tells ``ended`` how many collectives it kept local. ``close()`` puts torch.distributed back and may be called
+    again (the case's end calls it too, so that nothing outlives a case whose backward raised).
     """
 
-    def __init__(self, group):
+    def __init__(self, group, ended=lambda calls: None):
         import torch.distributed as dist
 
-        self.group, self.calls, self._saved = group, 0, {}
+        self.group, self.calls, self._saved, self._ended = group, 0, {}, ended
         self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
         self._ranks = dist.get_process_group_ranks(group)
 
@@ -49,8 +48,13 @@ class LocalBackward:
             self._saved = {name: getattr(dist, name) for name in _REPLACED}
             for name in _REPLACED:
                 setattr(dist, name, self._local(name))
-            torch.autograd.Variable._execution_engine.queue_callback(self.close)  # the end of this backward
+            torch.autograd.Variable._execution_engine.queue_callback(self._end)  # the end of this backward
         return grad
+
+    def _end(self) -> None:
+        self.close()
+        calls, self.calls = self.calls, 0
+        self._ended(calls)
 
     def close(self) -> None:
         import torch.distributed as dist
