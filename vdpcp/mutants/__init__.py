@@ -11,6 +11,7 @@ matrix before it is called a survivor.
     registry.py       the Mutant record, MUTANTS, the @mutant and @generic decorators, applied()
     sharded_path.py   the named bugs of vdpcp's own sharded path (@mutant)
     interface.py      the generic mutants, at the interface of any implementation (@generic)
+    collectives.py    the CP group's collectives kept local for a backward: the field's gather-backward bugs, from outside
 
 This package is the registry's public face: importing it registers every mutant, the sharded path's first.
 """
