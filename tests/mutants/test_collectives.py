@@ -40,3 +40,15 @@ def test_a_backward_kept_local_sums_nothing_and_puts_torch_distributed_back():
 @pytest.mark.distributed
 def test_without_it_the_same_gather_sums_every_ranks_gradient():
     assert [grad for grad, *_ in run_ranks(gathered_backward, 2, False)] == [[3.0], [3.0, 3.0]]
+
+
+@pytest.mark.distributed
+def test_a_subject_whose_backward_crosses_no_rank_has_nothing_the_mutant_changes_and_says_so():
+    from vdpcp import scenarios
+    from vdpcp.hunt import hunt
+
+    case = {c.id: c for c in scenarios.matrix()}["eight-equal-cp2-reference-count"]
+    found = hunt("gather-backward-unsummed", [case.with_(impl="tests.oracle.subjects:replicating")])
+    assert not found.killed and not found.survived, found
+    assert found.not_applicable.startswith("mutant does not apply: replicating's backward runs no torch.distributed "
+                                           "collective over the CP group"), found
