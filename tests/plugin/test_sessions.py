@@ -1,0 +1,49 @@
+"""The plugin's session settings: the rank workers go at the outermost session's end (not an inner pytester
+session's), and the ini settings ``vdpcp_impl`` and ``vdpcp_preload`` are the session's defaults."""
+
+import subprocess
+import sys
+import textwrap
+
+pytest_plugins = ["pytester"]
+
+# In a fresh process: the plugin as imported, its sessions driven by hand, the pools' shutdown recorded.
+SESSIONS = textwrap.dedent("""
+    from vdpcp import harness, pytest_plugin
+
+    shut = []
+    harness.shutdown = lambda: shut.append(True)
+    start, finish = pytest_plugin.pytest_sessionstart, pytest_plugin.pytest_sessionfinish
+    start(None); start(None); finish(None)
+    assert shut == [], "an inner session's end shut the outer session's workers down"
+    finish(None)
+    assert shut == [True], "the outermost session's end left the workers running"
+    finish(None)  # an end without its start (another plugin's sessionstart raised first): shut down, count kept at 0
+    start(None); finish(None)
+    assert shut == [True] * 3, shut
+""")
+
+
+def test_the_workers_go_at_the_outermost_sessions_end_only():
+    done = subprocess.run([sys.executable, "-c", SESSIONS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_ini_implementation_is_the_matrix_of_vdpcp_case(pytester):
+    pytester.makeini("[pytest]\nvdpcp_impl = reference\n")
+    pytester.makepyfile(test_ini="def test_case(vdpcp_case): pass")
+    result = pytester.runpytest("--vdpcp-cp", "2", "--collect-only", "-q")
+    ids = [line for line in result.stdout.lines if "::" in line]
+    assert ids and all("-reference-" in i for i in ids), result.stdout.str()  # not the built-ins' mcore too
+
+
+def test_the_ini_preload_is_the_sessions_preload(pytester):
+    pytester.makeini("[pytest]\nvdpcp_preload = json\n")
+    pytester.makepyfile(test_ini="""
+        from vdpcp.harness.config import default_preload
+
+        def test_preload():
+            assert default_preload() == ("json",)
+    """)
+    pytester.runpytest().assert_outcomes(passed=1)
+
