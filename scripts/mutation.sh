@@ -86,7 +86,8 @@ tests[plugin]="tests/unit/test_root_conftest.py tests/harness/test_config.py tes
   tests/fuzz/test_replay.py::test_pytest_replay_passes_as_specified_and_collects_nothing_else
   tests/fuzz/test_replay.py::test_replay_of_a_known_limit_is_an_xfail_with_its_reason_in_replay_and_pytest
   tests/fuzz/test_replay.py::test_pytest_replay_of_a_bad_file_is_a_usage_error
-  tests/bounds/test_entry_points.py"  # every test that loads the plugin in a pytest of its own (pytester)
+  tests/bounds/test_entry_points.py tests/unit/test_third_party.py::test_megatrons_notices_about_optional_packages_are_silenced"
+  # every test that loads the plugin in a pytest of its own (pytester), and the filter lines it adds to this one
 module[expectations]=vdpcp/expectations.py
 tests[expectations]="tests/unit/test_judge.py tests/distributed/test_scenarios.py"
 module[ab_judge]=vdpcp/ab/judge.py
