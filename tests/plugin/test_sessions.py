@@ -1,9 +1,13 @@
 """The plugin's session settings: the rank workers go at the outermost session's end (not an inner pytester
-session's), and the ini settings ``vdpcp_impl`` and ``vdpcp_preload`` are the session's defaults."""
+session's), the ini settings ``vdpcp_impl`` and ``vdpcp_preload`` are the session's defaults, and ``--replay``'s
+options reach the case it collects, which is the session's only test."""
 
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+import pytest
 
 pytest_plugins = ["pytester"]
 
@@ -47,3 +51,28 @@ def test_the_ini_preload_is_the_sessions_preload(pytester):
     """)
     pytester.runpytest().assert_outcomes(passed=1)
 
+
+
+SPEC = Path(__file__).resolve().parents[2] / "fixtures" / "multi-image.json"
+
+
+def collected(pytester, *args) -> list:
+    """The items a session of ``args`` would run (the replays are made after collection, as its last step)."""
+    (finished,) = pytester.inline_run("--collect-only", *args).getcalls("pytest_collection_finish")
+    return finished.session.items
+
+
+def test_every_replay_option_reaches_the_case_it_collects(pytester):
+    (item,) = collected(pytester, "--replay", str(SPEC), "--replay-cp", "4", "--replay-split", "balanced",
+                        "--replay-dtype", "float32", "--replay-no-even-pad", "--replay-mutant", "grad-not-summed")
+    case = item.case
+    assert (case.cp, case.split, case.dtype, case.even_pad, case.mutant) == (4, "balanced", "float32", False,
+                                                                              "grad-not-summed"), case
+
+
+@pytest.mark.parametrize("select", [["-k", "no_such_test"], ["-m", "distributed"]])
+def test_a_replay_is_the_sessions_only_test_whatever_k_or_m_selects(pytester, select):
+    """The replays replace the collected tests after -k and -m have deselected theirs (trylast): a replay names
+    the one test the session is for, and a selection meant for the test files does not drop it."""
+    items = collected(pytester, "--replay", str(SPEC), "--replay-cp", "2", *select)
+    assert [item.name for item in items] == [f"replay[{SPEC}]"]
