@@ -23,9 +23,9 @@ TIMEOUT_S = {"last-rank-skips-backward-collective": 10.0}
 
 
 def _table() -> list[dict[str, str]]:
-    """The rows of the section "The field's bug classes", by column."""
-    section = POWER.read_text().split("## The field's bug classes", 1)[1].split("\n## ", 1)[0]
-    lines = [line for line in section.splitlines() if line.startswith("|")]
+    """The rows of the first table of the section "The field's bug classes", by column."""
+    section = POWER.read_text().split("## The field's bug classes", 1)[1]
+    lines = section[section.index("\n|") + 1:].split("\n\n", 1)[0].splitlines()  # the section's first table
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     return [dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")))) for line in lines[2:]]
 
