@@ -1,0 +1,36 @@
+"""The plugin's hooks around each test: every test that takes the ``run_ranks`` fixture is marked ``distributed``,
+and only those, before ``-m`` selects (the GPU job runs ``-m distributed``; a quick CPU run leaves them out with
+``-m "not distributed"``); a backend this machine cannot give (``--backend nccl`` without a GPU per rank) skips the
+test instead of failing it."""
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+TESTS = """
+    def test_on_ranks(run_ranks):
+        pass
+
+    def test_in_process():
+        pass
+"""
+
+
+@pytest.mark.parametrize("expr, selected", [("distributed", "test_on_ranks"), ("not distributed", "test_in_process")])
+def test_m_selects_by_whether_a_test_takes_run_ranks(pytester, expr, selected):
+    pytester.makepyfile(test_marked=TESTS)
+    result = pytester.runpytest("-m", expr, "--collect-only", "-q")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    assert [line.split("::")[-1] for line in result.stdout.lines if "::" in line] == [selected], result.stdout.str()
+
+
+def test_a_backend_this_machine_cannot_give_skips_the_test_naming_why(pytester):
+    pytester.makepyfile(test_backend="""
+        from vdpcp.harness import BackendUnavailable
+
+        def test_needs_gpus():
+            raise BackendUnavailable("backend nccl needs 8 GPUs (one per rank), found 0")
+    """)
+    result = pytester.runpytest("-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*backend nccl needs 8 GPUs (one per rank), found 0*"])
