@@ -76,3 +76,11 @@ def test_a_replay_is_the_sessions_only_test_whatever_k_or_m_selects(pytester, se
     the one test the session is for, and a selection meant for the test files does not drop it."""
     items = collected(pytester, "--replay", str(SPEC), "--replay-cp", "2", *select)
     assert [item.name for item in items] == [f"replay[{SPEC}]"]
+
+
+def test_a_failing_replay_shows_its_report_not_a_traceback_through_the_plugin(pytester):
+    failing = SPEC.parent / "regressions" / "no-even-pad-cp4.json"
+    result = pytester.runpytest("--replay", str(failing))
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*failing rank 1: raised ValueError: pixel shuffle*"])
+    assert "raise ReplayFailed" not in result.stdout.str(), result.stdout.str()
