@@ -1,7 +1,7 @@
 """The plugin's hooks around each test: every test that takes the ``run_ranks`` fixture is marked ``distributed``,
 and only those, before ``-m`` selects (the GPU job runs ``-m distributed``; a quick CPU run leaves them out with
 ``-m "not distributed"``); a backend this machine cannot give (``--backend nccl`` without a GPU per rank) skips the
-test instead of failing it."""
+test instead of failing it; a bad matrix option is a usage error."""
 
 import pytest
 
@@ -34,3 +34,15 @@ def test_a_backend_this_machine_cannot_give_skips_the_test_naming_why(pytester):
     result = pytester.runpytest("-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*backend nccl needs 8 GPUs (one per rank), found 0*"])
+
+
+
+@pytest.mark.parametrize("option, named", [(["--vdpcp-impl", "no_such_module:impl"], "--impl no_such_module:impl"),
+                                           (["--vdpcp-tower", "huge"], "huge")])
+def test_a_bad_matrix_option_is_reported_as_pytests_usage_error(pytester, option, named):
+    """Raised while the matrix parametrizes, so pytest reports it as a collection error: of its kind, a usage error
+    naming the option's value, not vdpcp's own exception out of the plugin."""
+    pytester.makepyfile(test_matrix="def test_it(vdpcp_case): pass")
+    result = pytester.runpytest(*option)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines([f"ERROR test_matrix.py - pytest.UsageError: *{named}*"])
