@@ -84,3 +84,10 @@ def test_a_failing_replay_shows_its_report_not_a_traceback_through_the_plugin(py
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*failing rank 1: raised ValueError: pixel shuffle*"])
     assert "raise ReplayFailed" not in result.stdout.str(), result.stdout.str()
+
+
+def test_a_replay_session_does_not_even_import_the_test_files(pytester):
+    pytester.makepyfile(test_broken="raise RuntimeError('imported although a replay is the whole session')")
+    result = pytester.runpytest("--replay", str(SPEC), "--replay-cp", "2", "--collect-only")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    assert "imported although" not in result.stdout.str()
