@@ -46,3 +46,10 @@ def test_a_bad_matrix_option_is_reported_as_pytests_usage_error(pytester, option
     result = pytester.runpytest(*option)
     assert result.ret == pytest.ExitCode.INTERRUPTED
     result.stdout.fnmatch_lines([f"ERROR test_matrix.py - pytest.UsageError: *{named}*"])
+
+
+def test_a_bad_spec_limit_is_a_usage_error_naming_it(pytester):
+    pytester.makepyfile(test_nothing="def test_it(): pass")
+    result = pytester.runpytest("--vdpcp-max-spec-bytes", "many")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
+    assert result.stderr.str().startswith("ERROR: --vdpcp-max-spec-bytes is 'many'"), result.stderr.str()  # not --replay's
