@@ -22,12 +22,12 @@ class _Wrapped:
     returns them changed; ``around`` (optional) runs the subject's encode itself instead.
     """
 
-    def __init__(self, subject, change=None, around=None):
+    def __init__(self, subject, change=None, around=None, spans=()):
         self._subject, self._change, self._around = subject, change, around
-        self._open = []  # what a change patched for a span (vdpcp.mutants.collectives), closed at the case's end
+        self._spans = spans  # what a change patched for a span (vdpcp.mutants.collectives), closed at the case's end
 
     def close(self) -> None:
-        for span in self._open:
+        for span in self._spans:
             span.close()
 
     def __getattr__(self, attr):
@@ -192,17 +192,16 @@ def _backward_kept_local(impl, on_rank: Callable, what: str):
     nothing this changes: the end of that backward says so."""
     from vdpcp.mutants.collectives import LocalBackward
 
-    wrapped = _Wrapped(impl)
+    spans = []
 
     def change(outputs, config, group):
         if not on_rank(group):
             return outputs
         span = LocalBackward(group, ended=lambda calls: _crossed(calls, impl, what))
-        wrapped._open.append(span)
+        spans.append(span)
         return {name: gradient_changed(t, span.opened) for name, t in outputs.items()}
 
-    wrapped._change = change
-    return wrapped
+    return _Wrapped(impl, change, spans=spans)
 
 
 def _crossed(calls: int, impl, what: str) -> None:
