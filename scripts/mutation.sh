@@ -79,6 +79,15 @@ tests[fuzz]="tests/fuzz/test_draw_space.py tests/fuzz/test_failure_signature.py 
   tests/fuzz/test_search_report.py tests/fuzz/test_saved_folder.py tests/fuzz/test_shrink.py tests/fuzz/test_fuzz.py tests/fuzz/test_regressions.py
   tests/unit/test_verdicts.py::test_fuzz_finds_a_failure_in_a_verdict_as_the_table_says
   tests/bounds/test_entry_points.py::test_fuzz_never_draws_over_the_limit"
+module[plugin]=vdpcp/pytest_plugin.py
+tests[plugin]="tests/unit/test_root_conftest.py tests/harness/test_config.py tests/unit/test_options.py tests/plugin
+  tests/harness/test_lifecycle.py::test_a_pytest_session_run_inside_a_test_leaves_the_callers_workers_warm
+  tests/fuzz/test_replay.py::test_pytest_replay_fails_with_the_replay_report
+  tests/fuzz/test_replay.py::test_pytest_replay_passes_as_specified_and_collects_nothing_else
+  tests/fuzz/test_replay.py::test_replay_of_a_known_limit_is_an_xfail_with_its_reason_in_replay_and_pytest
+  tests/fuzz/test_replay.py::test_pytest_replay_of_a_bad_file_is_a_usage_error
+  tests/bounds/test_entry_points.py tests/unit/test_third_party.py::test_megatrons_notices_about_optional_packages_are_silenced"
+  # every test that loads the plugin in a pytest of its own (pytester), and the filter lines it adds to this one
 module[expectations]=vdpcp/expectations.py
 tests[expectations]="tests/unit/test_judge.py tests/distributed/test_scenarios.py"
 module[ab_judge]=vdpcp/ab/judge.py
@@ -102,7 +111,7 @@ tests[tensor_parallel]="$tp_tests
 module[reference]=vdpcp/impls/reference.py
 tests[reference]="$tp_tests
   tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case[gather-before-project]"
-ALL="expectations runner model_cache sketch ab_judge saved capture impls layout reference tensor_parallel fuzz precision oracle"  # the order they run in
+ALL="expectations runner model_cache sketch plugin ab_judge saved capture impls layout reference tensor_parallel fuzz precision oracle"  # the order they run in
 
 names=${*:-$ALL}
 for name in $names; do

@@ -167,6 +167,9 @@ def pytest_configure_replay(config):
     from vdpcp.cli import UsageError
     from vdpcp.cli.replay import load_case
 
+    if not config.getoption("replay"):  # nothing to load: a bad spec limit is pytest_configure's to name, unprefixed
+        config.stash[_REPLAYS] = []
+        return
     options = dict(impl=config.getoption("replay_impl"), split=config.getoption("replay_split"),
                    dtype=config.getoption("replay_dtype"), even_pad=config.getoption("replay_no_even_pad"),
                    mutant=config.getoption("replay_mutant"))

@@ -12,6 +12,7 @@ matrix before it is called a survivor.
     sharded_path.py   the named bugs of vdpcp's own sharded path (@mutant)
     interface.py      the generic mutants, at the interface of any implementation (@generic)
     sized.py          perturbations of a chosen size (NAME@SIZE), for `vdpcp bench sensitivity`; not in MUTANTS
+    collectives.py    the CP group's collectives kept local for a backward: the field's gather-backward bugs, from outside
 
 This package is the registry's public face: importing it registers every mutant, the sharded path's first.
 """

@@ -22,8 +22,13 @@ class _Wrapped:
     returns them changed; ``around`` (optional) runs the subject's encode itself instead.
     """
 
-    def __init__(self, subject, change=None, around=None):
+    def __init__(self, subject, change=None, around=None, spans=()):
         self._subject, self._change, self._around = subject, change, around
+        self._spans = spans  # what a change patched for a span (vdpcp.mutants.collectives), closed at the case's end
+
+    def close(self) -> None:
+        for span in self._spans:
+            span.close()
 
     def __getattr__(self, attr):
         return getattr(self._subject, attr)
@@ -141,7 +146,8 @@ def _loss_replicated(impl):
     "tower-detached-on-last-rank",
     "the last CP rank runs its tower outside autograd (parameters frozen for its call), so its outputs are right "
     "but its tower gets no gradient: the placeholder-only rank that skips its real work, seen from outside",
-    kills=("three-images-cp4-reference-count", "one-image-cp2-reference-count"),
+    kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count"),
+    # equal shares first: where the ranks hold different token counts, MCore's gather backward is a known limit on gloo
 )
 def _tower_detached_on_last_rank(impl):
     import torch.distributed as dist
@@ -178,3 +184,85 @@ def _whole_microbatch_encoded_without_grad(impl):
         return subject.encode_sharded(model, inputs, config, group)
 
     return _Wrapped(impl, around=encode_sharded)
+
+
+def _backward_kept_local(impl, on_rank: Callable, what: str):
+    """``impl`` whose CP-group collectives, on the ranks ``on_rank(group)`` picks, are kept local for the backward
+    of its outputs (vdpcp.mutants.collectives). A subject whose backward runs none of them over the CP group has
+    nothing this changes: the end of that backward says so."""
+    from vdpcp.mutants.collectives import LocalBackward
+
+    spans = []
+
+    def change(outputs, config, group):
+        if not on_rank(group):
+            return outputs
+        span = LocalBackward(group, ended=lambda calls: _crossed(calls, impl, what))
+        spans.append(span)
+        return {name: gradient_changed(t, span.opened) for name, t in outputs.items()}
+
+    return _Wrapped(impl, change, spans=spans)
+
+
+def _crossed(calls: int, impl, what: str) -> None:
+    if calls == 0:
+        raise MutantDoesNotApply(f"{NOT_APPLICABLE}: {impl.name}'s backward runs no torch.distributed collective "
+                                 f"over the CP group ({what} cannot be planted from outside)")
+
+
+@generic(
+    "gather-backward-unsummed",
+    "the gather's backward keeps only this rank's own gradient, never summed over the CP group (a backward that "
+    "slices its rows without the all-reduce, or a non-differentiable all_gather with the local shard put back): "
+    "every collective the subject's backward runs over the CP group keeps this rank's own part",
+    kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count"),
+)
+def _gather_backward_unsummed(impl):
+    return _backward_kept_local(impl, lambda group: True, "a backward that sums nothing")
+
+
+@generic(
+    "last-rank-skips-backward-collective",
+    "the last CP rank never enters the gather's backward collective (a rank with no image, or a frozen tower, "
+    "whose outputs need no gradient): its peers wait in it, or meet that rank's next collective instead",
+    kills=("eight-equal-cp2-reference-count",),
+)
+def _last_rank_skips_backward_collective(impl):
+    import torch.distributed as dist
+
+    last = lambda group: _cp_rank(group) == dist.get_world_size(group) - 1  # noqa: E731
+    return _backward_kept_local(impl, last, "a rank that skips the backward collective")
+
+
+@generic(
+    "tower-collective-left-in",
+    "a tensor-parallel collective left inside the tower when it runs data-parallel (a vocab-parallel embedding's "
+    "all-reduce): the first layer's output is summed over the CP group in the sharded encode, so each rank's "
+    "features mix every rank's images, or the ranks' different shapes break the collective",
+    kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count"),
+)
+def _tower_collective_left_in(impl):
+    def encode_sharded(subject, model, inputs, config, group):
+        if not config.shard_vision:
+            return subject.encode_sharded(model, inputs, config, group)
+        first = next((m for m in model.modules() if not list(m.children()) and any(True for _ in m.parameters())),
+                     None)
+        if first is None:
+            raise MutantDoesNotApply(f"{NOT_APPLICABLE}: {impl.name}'s model has no layer with parameters")
+        handle = first.register_forward_hook(lambda module, args, output: _summed_forward(output, group))
+        try:
+            return subject.encode_sharded(model, inputs, config, group)
+        finally:
+            handle.remove()
+
+    return _Wrapped(impl, around=encode_sharded)
+
+
+def _summed_forward(output, group):
+    """``output`` summed over ``group`` going forward; its gradient passed through as it is (a layer's own
+    all-reduce, whose backward is the identity on each rank)."""
+    import torch.distributed as dist
+
+    summed = output.detach().clone()
+    dist.all_reduce(summed, group=group)
+    return output + (summed - output.detach())

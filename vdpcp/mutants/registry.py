@@ -101,7 +101,11 @@ def applied(name: str | None, impl):
         raise KeyError(f"unknown mutant {name!r}; known: {sorted(MUTANTS)}")
     found = MUTANTS[name]
     if found.generic:
-        yield found.wrap(impl)
+        wrapped = found.wrap(impl)
+        try:
+            yield wrapped
+        finally:  # a wrapper that patched something for a span the case may not have finished puts it back
+            getattr(wrapped, "close", lambda: None)()
         return
     saved = []
     try:

@@ -312,10 +312,10 @@ def _gather_on_default_group():
     return {"vdpcp.sharded:gather_features": gather}
 
 
-def _skipping_placeholder_ranks(skips):
+def _skipping_placeholder_ranks(skips, width=lambda model: model.config.lm_hidden):
     """encode_sharded in which a rank holding only placeholders, where ``skips(model)`` says so, never runs its
-    tower: it hands the gather zeros of the placeholders' shape (still in backward, so every collective of the
-    gather is entered), as a rank that 'has nothing real to encode' would."""
+    tower: it hands the gather zeros of the placeholders' shape, ``width(model)`` wide (still in backward, so every
+    collective of the gather is entered), as a rank that 'has nothing real to encode' would."""
     import torch.distributed as dist
 
     from vdpcp import sharded
@@ -331,7 +331,7 @@ def _skipping_placeholder_ranks(skips):
         if shard.num_real_rows > 0:
             return original(model, batch, config, group)
         tokens = output_tokens((1, 1)) * shard.num_placeholders
-        skipped = batch.patches.new_zeros(tokens, model.config.lm_hidden, requires_grad=True)
+        skipped = batch.patches.new_zeros(tokens, width(model), requires_grad=True)
         gathered = sharded.gather_features(skipped, sharded.real_tokens(plan), group)
         index = sharded.image_order(plan)
         return gathered if index is None else gathered[index]
@@ -425,3 +425,34 @@ def _backward_reduces_to_rank_0():
         return ReducedToRank0.apply(local, list(counts), group)
 
     return {"vdpcp.sharded:gather_features": gather}
+
+
+@mutant(
+    "placeholder-rank-guesses-width",
+    "a rank that holds only placeholders skips the tower and guesses its output width as the tower's hidden size, "
+    "not the projector's: it gathers a tensor of another shape than its peers' (the empty rank's guessed hidden size)",
+    kills=("one-image-cp2-reference-count", "three-images-cp4-reference-count"),
+)
+def _placeholder_rank_guesses_width():
+    return _skipping_placeholder_ranks(lambda model: True, width=lambda model: model.config.hidden)
+
+
+@mutant(
+    "placeholder-dtype-hard-coded",
+    "a rank that holds only placeholders builds them in a dtype written into the code (float16 here; the field's was "
+    "bf16, wrong in every dtype but its own): that rank's tower is handed patches of another dtype than its weights",
+    kills=("one-image-cp2-reference-count", "three-images-cp4-reference-count"),
+)
+def _placeholder_dtype_hard_coded():
+    import torch
+
+    from vdpcp import sharded
+
+    original = sharded.split
+
+    def split(batch, shard, order=None):  # float16: no case of vdpcp's runs in it, so it is wrong in every one
+        patches = original(batch, shard, order)
+        only_placeholders = shard.num_placeholders > 0 and shard.stop - shard.num_placeholders == shard.start
+        return patches.to(torch.float16) if only_placeholders else patches
+
+    return {"vdpcp.sharded:split": split}
