@@ -86,7 +86,7 @@ def on_gloo(group):
     groups, if ``group`` is a gloo group. Yields the swap (its ``calls`` say whether anything went through it, so
     a report names it only where it ran), or None where nothing was swapped (an NCCL group: torch's own
     all_to_all is a real one there). Restored on the way out, raise or not."""
-    if dist.get_backend(group) != dist.Backend.GLOO:
+    if group is None or dist.get_backend(group) != dist.Backend.GLOO:  # None: the oracle run in-process, alone
         yield None
         return
     torchs = getattr(dist_nn, REPLACED, None)

@@ -43,7 +43,7 @@ def test_anything_else_is_one_clear_error():
     ("no_such_module_for_vdpcp:impl", r"--impl no_such_module_for_vdpcp:impl: cannot import module 'no_such_module_for_vdpcp'"),
     ("vdpcp.impls.reference:nothing_here", r"module 'vdpcp.impls.reference' has no attribute 'nothing_here'"),
     ("not-registered", r"--impl not-registered: not a registered implementation \(automodel, automodel-shipped, mcore, "
-                       r"qwen2_5_vl, reference"),
+                       r"nemotron-omni, qwen2_5_vl, reference"),
 ])
 def test_a_target_that_names_nothing_is_one_clear_error(target, message):
     with pytest.raises(ImplError, match=message):

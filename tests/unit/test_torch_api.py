@@ -16,6 +16,9 @@ ALLOWED = {
     ("harness/soundness.py", "torch.distributed.distributed_c10d._world"),
     # whether a forked child inherited an initialised CUDA (torch then refuses CUDA in it): the zygote's probe
     ("harness/zygote.py", "torch.cuda._is_in_bad_fork"),
+    # the end of one backward pass, where a field-bug mutant gives torch.distributed back: torch has no public hook
+    # for it (FSDP uses the same callback queue)
+    ("mutants/collectives.py", "torch.autograd.Variable._execution_engine"),
 }
 
 

@@ -176,7 +176,8 @@ def _replay_exit(verdict, tmp_path, monkeypatch) -> int:
     spec = tmp_path / "three-cp3.json"
     spec.write_text('{"name": "three-cp3", "images": [[16, 16], [16, 16], [16, 16]]}')
     monkeypatch.setattr(vdpcp.runner, "preload_case_modules", lambda impls: None)
-    monkeypatch.setattr(vdpcp.runner, "run_judged", lambda case, backend=None, timeout=None: _showing(verdict))
+    monkeypatch.setattr(vdpcp.runner, "run_judged",
+                        lambda case, backend=None, timeout=None, known_limits=True: _showing(verdict))
     return main(["replay", str(spec), "--impl", "tests.unit.test_verdicts:NO_LIMIT"])
 
 
