@@ -59,13 +59,17 @@ def run(args) -> int:
                                  f"has it in its id")
             clean = _verdict(case, args.timeout)
             ok &= clean[0] == "pass"
+            # What the exact check could hold on the rank the mutants perturb: its gradients only where the backward
+            # repeats itself bit for bit (vdpcp.regrouped), so an "exact -" for a gradient bug reads with it.
+            print(f"{impl} {dtype} {tower} CP {args.cp}: unperturbed {clean[0]}; the last rank's exact check held "
+                  f"{clean[2]}", flush=True)
             if clean[0] != "pass":  # a check that fails unperturbed would "catch" every size: no threshold to state
                 print(f"{impl} {dtype} {tower} CP {args.cp}: the unperturbed case {case.id} is {clean[0]} "
                       f"({', '.join(sorted(clean[1])) or 'no check named'}): no threshold measured", flush=True)
                 continue
             for name in args.mutant:
                 row = bisect(case, name, args.timeout)
-                row.update(clean=clean[0])
+                row.update(clean=clean[0], held=clean[2])
                 rows.append(row)
                 print(line(row), flush=True)
                 if args.json:
@@ -93,9 +97,9 @@ def chosen(impl: str, cp: int, tower: str, match: str, dtype: str, backend):
 
 def bisect(case, name: str, timeout) -> dict:
     """Per check, the smallest size on GRID it caught (a check that catches a size catches every larger one)."""
-    runs: dict[int, tuple[str, set[str]]] = {}
+    runs: dict[int, tuple[str, set[str], str]] = {}
 
-    def caught(i: int) -> tuple[str, set[str]]:
+    def caught(i: int) -> tuple[str, set[str], str]:
         if i not in runs:
             runs[i] = _verdict(case.with_(mutant=f"{name}@{GRID[i]:g}"), timeout)
         return runs[i]
@@ -113,11 +117,12 @@ def bisect(case, name: str, timeout) -> dict:
         smallest[check] = GRID[hi]
     return {"impl": case.impl, "dtype": case.dtype, "tower": case.tower, "cp": case.cp, "case": case.id,
             "mutant": name, "top": top[0], "smallest": smallest,
-            "runs": {f"{GRID[i]:g}": sorted(checks) for i, (_, checks) in sorted(runs.items())}}
+            "runs": {f"{GRID[i]:g}": sorted(run[1]) for i, run in sorted(runs.items())}}
 
 
-def _verdict(case, timeout) -> tuple[str, set[str]]:
-    """The case's verdict and the checks that failed in it."""
+def _verdict(case, timeout) -> tuple[str, set[str], str]:
+    """The case's verdict, the checks that failed in it, and what the exact check held on its last rank (and whether
+    that rank's backward was deterministic)."""
     import contextlib
     import io
 
@@ -125,7 +130,9 @@ def _verdict(case, timeout) -> tuple[str, set[str]]:
 
     with contextlib.redirect_stdout(io.StringIO()):
         result = run_case(case, timeout=timeout)
-    return result.verdict, {check_of(f) for f in result.failures} & set(CHECKS)
+    last = max(result.ranks, key=lambda r: r.cp_rank, default=None)
+    held = f"{last.exact or 'nothing'} (deterministic: {last.deterministic or '-'})" if last else "nothing (no rank ran)"
+    return result.verdict, {check_of(f) for f in result.failures} & set(CHECKS), held
 
 
 def check_of(failure: str) -> str:
