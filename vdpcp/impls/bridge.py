@@ -22,13 +22,11 @@ the model from ``build_model``. vdpcp's ``nemotron-omni`` subject runs through t
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
-from vdpcp.impls.mcore import ensure_parallel_state
-from vdpcp.protocol import GROUP_MISMATCH_TEXT, GroupMismatchError, Implementation
+from vdpcp.impls.mcore import MCore, mcore_context_parallel_group
+from vdpcp.protocol import Implementation
 
-PRELOAD = ("megatron.core.parallel_state", "megatron.core.models.multimodal.context_parallel",
-           "megatron.core.packed_seq_params")
+PRELOAD = MCore.preload  # Bridge's split and gather are MCore's: the same modules
 
 
 def packed_seq_params(cu_seqlens: torch.Tensor):
@@ -82,14 +80,3 @@ def configure(model, *, vision_dp_over_cp: bool, context_parallel_size: int, gro
     if group is not None and getattr(model, "pg_collection", None) is not None:
         model.pg_collection.cp = group
 
-
-def mcore_context_parallel_group(group, name: str):
-    """MCore's CP group, set up for ``group``'s size; it must be ``group`` itself (MCore's split reads its own)."""
-    from megatron.core import parallel_state as ps
-
-    ensure_parallel_state(dist.get_world_size(group))
-    handed, mcores = dist.get_process_group_ranks(group), ps.get_context_parallel_global_ranks()
-    if list(handed) != list(mcores):
-        raise GroupMismatchError(f"{name}: {GROUP_MISMATCH_TEXT}: MCore's parallel_state CP group is ranks "
-                                 f"{list(mcores)}, the group handed in is ranks {list(handed)}")
-    return ps.get_context_parallel_group()

@@ -56,6 +56,19 @@ def ensure_parallel_state(cp_size: int) -> None:
     ps.initialize_model_parallel(context_parallel_size=cp_size, create_gloo_process_groups=False)
 
 
+def mcore_context_parallel_group(group, name: str):
+    """MCore's CP group, set up for ``group``'s size; it must be ``group`` itself (MCore's split and gather read their
+    group from parallel_state, not from the caller): the documented mismatch error, on every rank, where it is not."""
+    from megatron.core import parallel_state as ps
+
+    ensure_parallel_state(dist.get_world_size(group))
+    handed, mcores = dist.get_process_group_ranks(group), ps.get_context_parallel_global_ranks()
+    if list(handed) != list(mcores):
+        raise GroupMismatchError(f"{name}: {GROUP_MISMATCH_TEXT}: MCore's parallel_state CP group is ranks "
+                                 f"{list(mcores)}, the group handed in is ranks {list(handed)}")
+    return ps.get_context_parallel_group()
+
+
 class MCore(Implementation):
     name = "mcore"
     splits = ("count",)
@@ -73,10 +86,7 @@ class MCore(Implementation):
 
         ensure_parallel_state(dist.get_world_size(group))  # MCore's groups follow the world; the config may disagree
         check_group(config, ps.get_context_parallel_world_size(), self.name)
-        handed, mcores = dist.get_process_group_ranks(group), ps.get_context_parallel_global_ranks()
-        if list(handed) != list(mcores):
-            raise GroupMismatchError(f"{self.name}: {GROUP_MISMATCH_TEXT}: MCore's parallel_state CP group is ranks "
-                                     f"{list(mcores)}, the group handed in is ranks {list(handed)}")
+        mcore_context_parallel_group(group, self.name)
         if not config.shard_vision:
             return encode_unsharded(model, batch)
         spec = batch.spec
