@@ -90,7 +90,7 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
     model, result.model = model_cache.acquire(impl, case.impl, case, dtype, device)
     clock.lap("build")
     try:
-        with regrouped.deterministic(device, result):
+        with regrouped.deterministic(device, result, model):
             with _turns(ctx, case, result):
                 unsharded = _unsharded(impl, case, model, replica_spec(case, groups.dp_rank), result, groups.cp_rank,
                                        device, clock)
@@ -135,17 +135,35 @@ def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, 
     If the unsharded encoder raises, every rank raises alike before any collective (no rank hangs) and the case
     is unsharded_error, not a sharding failure. It finishes, backward too, before the sharded run: collectives
     inside a model (a tensor-parallel tower) then never interleave with the sharded run's."""
-    dtype, config = DTYPES[case.dtype], case.config
-    batch = spec.tensors(dtype=dtype, device=device)
+    batch = spec.tensors(dtype=DTYPES[case.dtype], device=device)
     batch.patches.requires_grad_(True)
+    refused = None
     with Execution(model) as ran:
         try:
             out = outputs_of(impl.encode(model, impl.inputs(batch)), f"{impl.name}.encode")
         except OutputsError:
             raise
         except Exception as err:
-            result.unsharded_error = f"{type(err).__name__}: {err}"
-            return None
+            refused = err
+    if refused is not None:
+        if regrouped.lacking(model, refused, result):  # an op with no deterministic kernel: again, allowed
+            return _unsharded(impl, case, model, spec, result, cp_rank, device, clock)
+        result.unsharded_error = f"{type(refused).__name__}: {refused}"
+        return None
+    try:
+        return _unsharded_rest(impl, case, model, spec, result, cp_rank, device, clock, batch, out, ran)
+    except RuntimeError as err:  # its backward (or its measuring run) ran an op with no deterministic kernel
+        if not regrouped.lacking(model, err, result):
+            raise
+        for p in model.parameters():
+            p.grad = None
+        return _unsharded(impl, case, model, spec, result, cp_rank, device, clock)
+
+
+def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: int, device, clock, batch, out,
+                    ran) -> Unsharded:
+    """The unsharded arm after its forward: the backward, its gradients set aside, its rounding measured."""
+    dtype, config = DTYPES[case.dtype], case.config
     graph = {name: t.requires_grad for name, t in out.items()}
     gradients = gradients_checked(impl, case, out, result)
     if not gradients:  # no backward: let its graph (every activation of the arm) go now

@@ -18,10 +18,11 @@ Two things make a correct run round apart from the regrouped one, and are held w
 dtype's rounding instead: rows its tower took besides its media (padding frames: other GEMM shapes), and an output
 computed from another after the gather (``derived_outputs``: the ranks' gradients are then summed after that
 computation). The gradients are exact only where the backward is deterministic: always on the CPU; on CUDA under
-``torch.use_deterministic_algorithms(True)``, which ``deterministic`` turns on for the case where the process
-started with ``CUBLAS_WORKSPACE_CONFIG`` set (cuBLAS reads it when CUDA starts), and restores after. Elsewhere
-the gradients are left to the whole-microbatch checks and the outputs alone are held exactly (the forward is
-bitwise repeatable by itself: docs/precision.md).
+strict ``torch.use_deterministic_algorithms(True)``, which ``deterministic`` turns on for the case where the
+process started with ``CUBLAS_WORKSPACE_CONFIG`` set (cuBLAS reads it when CUDA starts), and restores after. Where
+that is off, or the tower runs an op with no deterministic kernel (``lacking``), the gradients are left to the
+whole-microbatch checks and the outputs alone are held exactly (the forward is bitwise repeatable by itself:
+docs/precision.md).
 
 Which rows a rank encoded and where their tokens are in the gathered features come from the implementation's
 plan; without one, from the read table (which rows reached each rank's tower), provided each rank's rows are one
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
@@ -43,8 +45,10 @@ from vdpcp import comm, precision
 from vdpcp.protocol import outputs_of
 from vdpcp.spec import Microbatch, MicrobatchSpec
 
-NONDETERMINISTIC = "does not have a deterministic implementation"  # torch's warning under warn_only
+NONDETERMINISTIC = "does not have a deterministic implementation"  # torch's error (its warning under warn_only)
 CPU, ON = "cpu", "on"  # RankResult.deterministic where the backward is
+STRICT = ("cuda",)  # devices whose cases run under deterministic algorithms (the CPU's kernels already are)
+_LACKING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> an op it ran with no deterministic kernel
 # Where a rank's tower took rows besides its media (Automodel's local zero frames below 96 patch rows, say), its GEMMs
 # had other shapes than the regrouped run's: measured 1.1-1.7 units of float64's rounding apart on the toy towers.
 EXTRA_ROWS_ULPS = 16
@@ -62,39 +66,64 @@ class Mine:
 
 
 @contextmanager
-def deterministic(device: torch.device, result):
+def deterministic(device: torch.device, result, model):
     """Deterministic algorithms for the case, where they make the backward exact: on CUDA, if cuBLAS can take
     them (CUBLAS_WORKSPACE_CONFIG set before CUDA started: the caller's environment, e.g.
     ``CUBLAS_WORKSPACE_CONFIG=:4096:8``). ``result.deterministic`` says what held; the previous setting is
-    restored after (it is process-global)."""
-    if device.type != "cuda":
+    restored after (it is process-global).
+
+    They are strict (``warn_only=False``): under ``warn_only`` torch keeps flash and memory-efficient attention's
+    backward on their non-deterministic kernels and says so once per process (measured on the H200: the regrouped
+    run's gradients then differ run to run, and the exact check could not hold them). A ``model`` whose unsharded
+    arm raised for an op with no deterministic kernel (``lacking``) runs under ``warn_only`` from then on, and its
+    gradients are left to the whole-microbatch checks."""
+    if device.type not in STRICT:
         result.deterministic = CPU  # the CPU kernels the arms run are deterministic for a fixed thread count
         yield
         return
-    if not os.environ.get("CUBLAS_WORKSPACE_CONFIG"):
+    if device.type == "cuda" and not os.environ.get("CUBLAS_WORKSPACE_CONFIG"):
         result.deterministic = "off (CUBLAS_WORKSPACE_CONFIG unset when CUDA started)"
         yield
         return
     before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     cudnn_sdp = torch.backends.cuda.cudnn_sdp_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)  # an op without one warns: never an error of the case
-    # Under warn_only, cuDNN's attention backward stays non-deterministic and says nothing (measured on the H200:
-    # the regrouped run's gradients 3e-4 off in bf16 at the real size); flash and memory-efficient attention are
-    # bitwise repeatable under the flag (FINDINGS), so SDPA picks one of them for the case.
+    op = _LACKING.get(model)
+    torch.use_deterministic_algorithms(True, warn_only=op is not None)
+    # cuDNN's attention backward has no deterministic kernel and says nothing (measured on the H200: the regrouped
+    # run's gradients 3e-4 off in bf16 at the real size); flash and memory-efficient attention have one, so SDPA
+    # picks one of them for the case.
     torch.backends.cuda.enable_cudnn_sdp(False)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            result.deterministic = ON
+            result.deterministic = ON if op is None else _none(op)
             yield
         for w in caught:
-            if NONDETERMINISTIC in str(w.message):  # its gradients were not exact after all
-                result.deterministic = f"on, but {str(w.message).split(' does not')[0]} has none"
+            if NONDETERMINISTIC in str(w.message):  # under warn_only: its gradients were not exact after all
+                result.deterministic = _none(str(w.message).split(" does not")[0])
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
         torch.backends.cuda.enable_cudnn_sdp(cudnn_sdp)
+
+
+def lacking(model, err: BaseException, result) -> bool:
+    """Whether ``err`` is strict deterministic algorithms refusing an op of ``model`` that has no deterministic
+    kernel (bilinear interpolation's CUDA backward, say). If so the op is remembered for the model, the rest of the
+    case runs under ``warn_only``, and the caller runs its arm again; every rank raises alike there (the unsharded
+    arm, before any collective), so every rank runs it again alike."""
+    strict = torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled()
+    if not strict or NONDETERMINISTIC not in str(err):
+        return False
+    _LACKING[model] = str(err).split(" does not")[0]
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    result.deterministic = _none(_LACKING[model])
+    return True
+
+
+def _none(op: str) -> str:
+    return f"on, but {op} has none"
 
 
 def exact_grads(result) -> bool:

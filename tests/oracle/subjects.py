@@ -580,3 +580,47 @@ class JitteryBackward(Reference):
 
 
 jittery_backward = JitteryBackward()
+
+
+def _no_deterministic_kernel(t: torch.Tensor) -> None:
+    """``Tensor.put_`` (without accumulate) has no deterministic kernel, on the CPU too: strict deterministic
+    algorithms refuse it, as they refuse bilinear interpolation's backward on CUDA."""
+    t.detach().clone().put_(torch.zeros(1, dtype=torch.long, device=t.device), t.detach().reshape(-1)[:1])
+
+
+class _RefusedBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        _no_deterministic_kernel(grad)
+        return grad
+
+
+class NoDeterministicKernel(Reference):
+    """A tower op with no deterministic kernel, in its forward (``where="forward"``) or its backward: the case runs
+    it under warn_only and says so, never fails for it."""
+
+    def __init__(self, where: str):
+        super().__init__()
+        self.where, self.name = where, f"no-deterministic-{where}"
+
+    def _into(self, batch):  # backward: refused last, after the parameters' gradients have accumulated
+        return replace(batch, patches=_RefusedBackward.apply(batch.patches)) if self.where == "backward" else batch
+
+    def _out(self, out):
+        if self.where == "forward":
+            _no_deterministic_kernel(out)
+        return out
+
+    def encode(self, model, batch):
+        return self._out(super().encode(model, self._into(batch)))
+
+    def encode_sharded(self, model, batch, config, group):
+        return self._out(super().encode_sharded(model, self._into(batch), config, group))
+
+
+no_deterministic_forward = NoDeterministicKernel("forward")
+no_deterministic_backward = NoDeterministicKernel("backward")

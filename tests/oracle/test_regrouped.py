@@ -14,6 +14,8 @@ from vdpcp.runner import run_case
 from vdpcp.scenarios import matrix
 from vdpcp.spec import MicrobatchSpec
 
+from tests.oracle import subjects
+
 VIDEO = MicrobatchSpec(images=((8, 8),) * 5 + ((8, 12),) * 2, num_frames=(3, 1, 1, 2), temporal_patch_size=2, seed=3,
                        name="video")
 
@@ -65,21 +67,50 @@ def test_loss_weights_sum_over_eight_ranks_exactly_in_bf16_in_any_order():
         assert torch.equal(total.double(), exact)
 
 
-def test_deterministic_algorithms_are_turned_on_on_cuda_only_where_cublas_allows_and_restored(monkeypatch):
-    cuda, before = torch.device("cuda"), torch.are_deterministic_algorithms_enabled()
+def _flags() -> tuple[bool, bool]:
+    return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+
+
+def test_strict_deterministic_algorithms_are_turned_on_on_cuda_only_where_cublas_allows_and_restored(monkeypatch):
+    cuda, before, model = torch.device("cuda"), _flags(), torch.nn.Linear(2, 2)
     result = RankResult(0)
-    with regrouped.deterministic(torch.device("cpu"), result):
-        assert torch.are_deterministic_algorithms_enabled() == before
+    with regrouped.deterministic(torch.device("cpu"), result, model):
+        assert _flags() == before
     assert result.deterministic == "cpu" and regrouped.exact_grads(result)
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    with regrouped.deterministic(cuda, result):
-        assert torch.are_deterministic_algorithms_enabled() == before
+    with regrouped.deterministic(cuda, result, model):
+        assert _flags() == before
     assert result.deterministic.startswith("off") and not regrouped.exact_grads(result)
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    with pytest.raises(KeyError), regrouped.deterministic(cuda, result):  # restored even when the case raises
-        assert torch.are_deterministic_algorithms_enabled()
+    with pytest.raises(KeyError), regrouped.deterministic(cuda, result, model):  # restored even when the case raises
+        assert _flags() == (True, False)  # strict: under warn_only torch keeps flash attention's backward atomic
         raise KeyError("a case that raised")
-    assert torch.are_deterministic_algorithms_enabled() == before and result.deterministic == "on"
+    assert _flags() == before and result.deterministic == "on"
+
+
+@pytest.mark.parametrize("subject", ["no_deterministic_forward", "no_deterministic_backward"])
+def test_an_op_with_no_deterministic_kernel_reruns_the_unsharded_arm_under_warn_only_and_says_so(monkeypatch, subject):
+    """Strict mode refuses the op (in the forward, or the backward as bilinear interpolation's on CUDA): the
+    unsharded arm runs again under warn_only, the case goes on with its gradients not held exactly, and the model's
+    later cases start under warn_only. Strict mode is CUDA's; turned on here on the CPU, where put_ is refused too."""
+    monkeypatch.setattr(regrouped, "STRICT", ("cuda", "cpu"))
+    impl, cpu, before = getattr(subjects, subject), torch.device("cpu"), _flags()
+    case = _case("eight-equal-cp2-reference-count").with_(impl=f"tests.oracle.subjects:{subject}")
+    model, spec = impl.build_model(case, torch.float64, cpu), oracle.replica_spec(case, 0)
+    result = RankResult(0)
+    with regrouped.deterministic(cpu, result, model):
+        assert _flags() == (True, False)
+        ref = oracle._unsharded(impl, case, model, spec, result, 0, cpu, oracle.Clock(result))
+        assert _flags() == (True, True)
+    assert _flags() == before
+    assert ref is not None and result.unsharded_error is None, result.unsharded_error
+    assert result.deterministic == "on, but put_ has none" and not regrouped.exact_grads(result)
+    plain = oracle._unsharded(impl, case, model, spec, RankResult(0), 0, cpu, oracle.Clock(RankResult(0)))
+    assert all(torch.equal(a, b) for a, b in zip(ref.grads, plain.grads))  # no gradient left over from the refusal
+    later = RankResult(0)
+    with regrouped.deterministic(cpu, later, model):
+        assert _flags() == (True, True)
+    assert later.deterministic == "on, but put_ has none"
 
 
 # --- on ranks ----------------------------------------------------------------------------------------------------
