@@ -9,6 +9,7 @@ environment, torch's default dtype or a SIGTERM/SIGINT handler changed fails, so
 
 import os
 import signal
+from importlib.metadata import entry_points
 
 import pytest
 import torch
@@ -60,3 +61,22 @@ def on_the_cpu(monkeypatch):
     then did not happen, the case being sized for the GPU)."""
     monkeypatch.delenv("VDPCP_DEVICE", raising=False)
     monkeypatch.setenv("VDPCP_BACKEND", "gloo")
+
+
+def _plugin_autoloads() -> bool:
+    """Whether a pytest session started inside a test loads vdpcp's plugin by itself: by its pytest11 entry point,
+    where vdpcp is installed and plugin autoload is on."""
+    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        return False
+    return any(ep.value == "vdpcp.pytest_plugin" for ep in entry_points(group="pytest11"))
+
+
+@pytest.fixture
+def pytester(pytester, monkeypatch):
+    """pytest's pytester, whose sessions load vdpcp's plugin also where vdpcp runs from a checkout, not installed (a
+    GPU runner's ``PYTHONPATH=$PWD python3 -m pytest -p vdpcp.pytest_plugin``: measured on the H200, every inner
+    session then refused ``--replay`` as an unknown option). PYTEST_PLUGINS is what pytest reads for that; the
+    monkeypatch takes it back after the test."""
+    if not _plugin_autoloads():
+        monkeypatch.setenv("PYTEST_PLUGINS", "vdpcp.pytest_plugin")
+    return pytester
