@@ -189,8 +189,9 @@ def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: 
     rounding = precision.Rounding()
     clock.lap("unsharded")
     if precision.low(dtype):
-        rounding = precision.measure(impl, model, batch, out, grads, own_grads, summed,
-                                     own_weights if own_grads is not None else None, gradients)
+        with regrouped.relaxed():
+            rounding = precision.measure(impl, model, batch, out, grads, own_grads, summed,
+                                         own_weights if own_grads is not None else None, gradients)
         clock.lap("exact")
     return Unsharded(batch, {n: t.detach() for n, t in out.items()}, grads, own_grads, ran.ran(), ran.untracked,
                      plan, weights, sharded, rounding, graph, gradients)

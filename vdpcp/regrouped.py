@@ -108,6 +108,23 @@ def deterministic(device: torch.device, result, model):
         torch.backends.cuda.enable_cudnn_sdp(cudnn_sdp)
 
 
+@contextmanager
+def relaxed():
+    """Deterministic algorithms off for a stretch held only within a tolerance (the exact run that measures the
+    arms' rounding, vdpcp.precision.measure): nothing there is compared bit for bit, so it pays nothing for
+    determinism (in float32 at the real size, attention's deterministic backward) and no op of it can be refused.
+    The case's setting comes back after, for the sharded arm and the regrouped runs that are held exactly."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    if not before[0]:
+        yield
+        return
+    torch.use_deterministic_algorithms(False)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(True, warn_only=before[1])
+
+
 def lacking(model, err: BaseException, result) -> bool:
     """Whether ``err`` is strict deterministic algorithms refusing an op of ``model`` that has no deterministic
     kernel (bilinear interpolation's CUDA backward, say). If so the op is remembered for the model, the rest of the

@@ -10,6 +10,7 @@ import torch
 
 from vdpcp import oracle, regrouped
 from vdpcp.case import Case, RankResult
+from vdpcp.impls import resolve
 from vdpcp.runner import run_case
 from vdpcp.scenarios import matrix
 from vdpcp.spec import MicrobatchSpec
@@ -111,6 +112,27 @@ def test_an_op_with_no_deterministic_kernel_reruns_the_unsharded_arm_under_warn_
     with regrouped.deterministic(cpu, later, model):
         assert _flags() == (True, True)
     assert later.deterministic == "on, but put_ has none"
+
+
+def test_the_rounding_measurement_runs_outside_deterministic_algorithms_and_the_arms_inside(monkeypatch):
+    """The exact run that measures rounding is held to nothing bit for bit: it leaves deterministic algorithms off
+    (in float32 at the real size they cost attention's fast backward), and the arms after it get them back."""
+    monkeypatch.setattr(regrouped, "STRICT", ("cuda", "cpu"))
+    measured, measure = [], oracle.precision.measure
+
+    def watched(*args, **kwargs):
+        measured.append(_flags())
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(oracle.precision, "measure", watched)
+    case = _case("eight-equal-cp2-reference-count", dtype="float32")
+    impl, cpu = resolve(case.impl), torch.device("cpu")
+    model, spec, result = impl.build_model(case, torch.float32, cpu), oracle.replica_spec(case, 0), RankResult(0)
+    with regrouped.deterministic(cpu, result, model):
+        ref = oracle._unsharded(impl, case, model, spec, result, 0, cpu, oracle.Clock(result))
+        assert _flags() == (True, False)
+    assert ref is not None and measured == [(False, False)], measured
+    assert result.deterministic == "on"
 
 
 # --- on ranks ----------------------------------------------------------------------------------------------------
