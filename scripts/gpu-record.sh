@@ -6,6 +6,8 @@
 #   scripts/gpu-record.sh [--out DIR] [STEP...]    # from the repository root; every step by default
 #
 #   job        the GPU job as .github/workflows/gpu.yml runs it (NCCL, one rank per GPU) -> gpu-job.txt, gpu-job.xml
+#   suite      the whole suite with VDPCP_DEVICE=cuda exported for the job, as a runner may set it (issue 36)
+#                                                                                       -> pytest-cuda-suite.txt
 #   nccl-cp1   vdpcp check --backend nccl --cp 1, every shipped subject             -> check-nccl-cp1.txt, .json
 #   bf16       the bf16 matrix at CP 2 and 4 over gloo, every rank's tensors on the GPU, per subject
 #                                                                    -> bf16-reference-mcore.txt, bf16-qwen2_5_vl.txt, ...
@@ -18,7 +20,8 @@
 #   real-mutants  every named and generic mutant of the reference at the real size, bf16 -> real-mutants.txt, .json
 #   sensitivity  the smallest planted bug each check catches, every shipped subject at --tower real, CP 2, gloo ranks
 #              sharing the GPU, a rank's features and its gradient x (1 + eps), one token + eps x its norm
-#              (vdpcp bench sensitivity; SENS_DTYPE: bfloat16 by default, float32 the other run)
+#              (vdpcp bench sensitivity; SENS_DTYPE: bfloat16 by default, float32 the other run; SENS_GRID: the
+#              sizes, every power of ten 1e-12 .. 1e-1 by default, e.g. "1e-9 1e-3": fewer runs)
 #                                                                          -> sensitivity-DTYPE.txt, .json
 #   faults     what a faulted case costs over a passing one (vdpcp bench faults)    -> bench-faults.json
 #   ab         the A/B, flag on against off, CP 2 sharing the GPU, bf16, ViT-L-sized  -> ab.txt, ab.json, ab.png
@@ -32,7 +35,7 @@
 #   set -o pipefail; scripts/gpu-record.sh job nccl-cp1 bf16 2>&1 | tee $OUT/gpu-record-stdout.txt   # carry: .whl
 #   set -o pipefail; scripts/gpu-record.sh faults ab memory 2>&1 | tee $OUT/gpu-record-stdout-2.txt
 set -u
-ALL="job nccl-cp1 bf16 real real-f32 real-mutants sensitivity faults ab memory"
+ALL="job suite nccl-cp1 bf16 real real-f32 real-mutants sensitivity faults ab memory"
 SUBJECTS="reference mcore qwen2_5_vl automodel automodel-shipped nemotron-omni"
 out=${OUT:-reports/gpu}
 if [ "${1:-}" = --out ]; then
@@ -82,6 +85,13 @@ job() {  # pytest names the plugin with -p: vdpcp runs from the checkout, not in
     took $?; tail -4 "$out/gpu-job.txt"
 }
 
+suite() {  # every test chooses its device itself: the CPU where it needs it, whatever the job exports
+    step "VDPCP_DEVICE=cuda pytest -n 16, the whole suite"
+    VDPCP_DEVICE=cuda timeout "${SUITE_S:-400}" python3 -m pytest -p vdpcp.pytest_plugin -n 16 -q -rfEsx \
+        >"$out/pytest-cuda-suite.txt" 2>&1
+    took $?; tail -3 "$out/pytest-cuda-suite.txt"
+}
+
 nccl-cp1() {
     step "vdpcp check --backend nccl --cp 1, every shipped subject"
     timeout 150 python3 -m vdpcp check --backend nccl --cp 1 --impl $SUBJECTS \
@@ -122,6 +132,7 @@ sensitivity() {
     step "VDPCP_DEVICE=cuda vdpcp bench sensitivity --tower real --cp 2 --dtype $dtype --backend gloo"
     VDPCP_DEVICE=cuda timeout "${REAL_S:-560}" python3 -m vdpcp bench sensitivity --tower real --cp 2 --dtype "$dtype" -k multi-image \
         --backend gloo --mutant scale-rank-features scale-rank-grad nudge-token ${REAL_IMPL:+--impl $REAL_IMPL} \
+        ${SENS_GRID:+--grid $SENS_GRID} \
         --json "$out/sensitivity-$dtype.json" >"$out/sensitivity-$dtype.txt" 2>&1
     took $?; tail -14 "$out/sensitivity-$dtype.txt"
 }

@@ -67,6 +67,7 @@ REFUSED = [
     (["bench", "towers"], "--max-case-tflop", "-1", "> 0"),
     (["bench", "sensitivity"], "--cp", "0", ">= 1"),
     (["bench", "sensitivity"], "--timeout", "0", "> 0"),
+    (["bench", "sensitivity"], "--grid", "2", "> 0 and <= 1"),
 ]
 PYTEST_REFUSED = [("--vdpcp-timeout", "0", "> 0"), ("--vdpcp-cp", "0", ">= 1"), ("--replay-cp", "0", ">= 1"),
                   ("--vdpcp-max-case-tflop", "0", "> 0")]

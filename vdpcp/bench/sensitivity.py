@@ -17,9 +17,9 @@ import json
 import time
 from pathlib import Path
 
-from vdpcp.cli import DTYPES, IMPL_HELP, RANKS, TOWER_HELP, add_run_options, checked_impls, checked_tower
+from vdpcp.cli import DTYPES, IMPL_HELP, RANKS, TOWER_HELP, add_run_options, checked_impls, checked_tower, number
 
-SHIPPED = ("reference", "mcore", "qwen2_5_vl", "automodel")
+SHIPPED = ("reference", "mcore", "qwen2_5_vl", "automodel", "nemotron-omni")  # automodel-shipped: replicated at CP 2
 GRID = tuple(10.0**-k for k in range(12, 0, -1))  # 1e-12 .. 1e-1, ascending
 CHECKS = ("exact", "outputs", "input grads", "param grads")
 
@@ -36,6 +36,10 @@ def add_arguments(parser) -> None:
                         help="the case: the first sharded one (more images than ranks) whose id contains TEXT")
     parser.add_argument("--mutant", nargs="+", default=list(SIZED), choices=list(SIZED), metavar="NAME",
                         help=f"sized mutants (default all): {', '.join(SIZED)}")
+    parser.add_argument("--grid", nargs="+", type=number(float, 0, 1, above=True), metavar="EPS",
+                        help="the sizes to bisect over (default 1e-12 .. 1e-1, each power of ten); fewer sizes, fewer "
+                             "runs: on a GPU at the real size, '--grid 1e-9 1e-3' asks only whether each check "
+                             "catches the issue's target (1e-3) and the exact check's bitwise floor")
     add_run_options(parser)
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every threshold and run as JSON")
 
@@ -50,6 +54,7 @@ def run(args) -> int:
     if args.backend is not None:
         configure(backend=args.backend)  # for this call only: vdpcp.cli.main scopes it
     preload_case_modules(impls)
+    grid = tuple(sorted(set(args.grid))) if args.grid else GRID
     rows, ok, started = [], True, time.monotonic()
     for impl in impls:
         for dtype in args.dtype:
@@ -68,15 +73,15 @@ def run(args) -> int:
                       f"({', '.join(sorted(clean[1])) or 'no check named'}): no threshold measured", flush=True)
                 continue
             for name in args.mutant:
-                row = bisect(case, name, args.timeout)
+                row = bisect(case, name, args.timeout, grid)
                 row.update(clean=clean[0], held=clean[2])
                 rows.append(row)
                 print(line(row), flush=True)
                 if args.json:
-                    write(args.json, rows, time.monotonic() - started)
-    print(f"{len(rows)} thresholds in {time.monotonic() - started:.1f} s; the grid {GRID[0]:g} .. {GRID[-1]:g}")
+                    write(args.json, rows, time.monotonic() - started, grid)
+    print(f"{len(rows)} thresholds in {time.monotonic() - started:.1f} s; the grid {_grid(grid)}")
     if args.json:
-        write(args.json, rows, time.monotonic() - started)
+        write(args.json, rows, time.monotonic() - started, grid)
     return 0 if ok else 1
 
 
@@ -95,29 +100,30 @@ def chosen(impl: str, cp: int, tower: str, match: str, dtype: str, backend):
     return next((c for c in runnable if c.grads), next(iter(runnable), None))
 
 
-def bisect(case, name: str, timeout) -> dict:
-    """Per check, the smallest size on GRID it caught (a check that catches a size catches every larger one)."""
+def bisect(case, name: str, timeout, grid: tuple[float, ...] = GRID) -> dict:
+    """Per check, the smallest size on ``grid`` (ascending) it caught (a check that catches a size catches every
+    larger one)."""
     runs: dict[int, tuple[str, set[str], str]] = {}
 
     def caught(i: int) -> tuple[str, set[str], str]:
         if i not in runs:
-            runs[i] = _verdict(case.with_(mutant=f"{name}@{GRID[i]:g}"), timeout)
+            runs[i] = _verdict(case.with_(mutant=f"{name}@{grid[i]:g}"), timeout)
         return runs[i]
 
-    top = caught(len(GRID) - 1)
+    top = caught(len(grid) - 1)
     smallest: dict[str, float | None] = {}
     for check in CHECKS:
         if check not in top[1]:
             smallest[check] = None
             continue
-        lo, hi = -1, len(GRID) - 1  # GRID[hi] caught; GRID[lo] not (or below the grid)
+        lo, hi = -1, len(grid) - 1  # grid[hi] caught; grid[lo] not (or below the grid)
         while hi - lo > 1:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if check in caught(mid)[1] else (mid, hi)
-        smallest[check] = GRID[hi]
+        smallest[check] = grid[hi]
     return {"impl": case.impl, "dtype": case.dtype, "tower": case.tower, "cp": case.cp, "case": case.id,
-            "mutant": name, "top": top[0], "smallest": smallest,
-            "runs": {f"{GRID[i]:g}": sorted(run[1]) for i, run in sorted(runs.items())}}
+            "mutant": name, "top": top[0], "largest": grid[-1], "smallest": smallest,
+            "runs": {f"{grid[i]:g}": sorted(run[1]) for i, run in sorted(runs.items())}}
 
 
 def _verdict(case, timeout) -> tuple[str, set[str], str]:
@@ -145,7 +151,7 @@ def check_of(failure: str) -> str:
 
 def line(row: dict) -> str:
     found = "  ".join(f"{check} {_size(row['smallest'][check])}" for check in CHECKS)
-    note = "" if row["top"] in ("fail", "pass") else f"  ({row['top']} at {GRID[-1]:g}: does not apply?)"
+    note = "" if row["top"] in ("fail", "pass") else f"  ({row['top']} at {row['largest']:g}: does not apply?)"
     return f"{row['impl']} {row['dtype']} {row['tower']} CP {row['cp']}  {row['mutant']}:  {found}{note}"
 
 
@@ -153,6 +159,10 @@ def _size(size) -> str:
     return "-" if size is None else f"{size:g}"
 
 
-def write(path: Path, rows: list[dict], wall: float) -> None:
+def _grid(grid) -> str:
+    return " ".join(f"{size:g}" for size in grid) if len(grid) < 5 else f"{grid[0]:g} .. {grid[-1]:g}"
+
+
+def write(path: Path, rows: list[dict], wall: float, grid: tuple[float, ...]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"grid": list(GRID), "rows": rows, "wall_s": round(wall, 1)}, indent=1) + "\n")
+    path.write_text(json.dumps({"grid": list(grid), "rows": rows, "wall_s": round(wall, 1)}, indent=1) + "\n")
