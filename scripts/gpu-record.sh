@@ -87,9 +87,9 @@ job() {  # pytest names the plugin with -p: vdpcp runs from the checkout, not in
 
 suite() {  # every test chooses its device itself: the CPU where it needs it, whatever the job exports
     step "VDPCP_DEVICE=cuda pytest -n 16, the whole suite"
-    VDPCP_DEVICE=cuda timeout "${SUITE_S:-400}" python3 -m pytest -p vdpcp.pytest_plugin -n 16 -q -rfEsx \
+    VDPCP_DEVICE=cuda timeout "${SUITE_S:-400}" python3 -m pytest -p vdpcp.pytest_plugin -n 16 -v -rfEsx \
         >"$out/pytest-cuda-suite.txt" 2>&1
-    took $?; tail -3 "$out/pytest-cuda-suite.txt"
+    took $?; grep -E "^(\[gw[0-9]+\] )?(FAILED|ERROR)|^=+ .* in [0-9.]+s" "$out/pytest-cuda-suite.txt" | tail -12
 }
 
 nccl-cp1() {

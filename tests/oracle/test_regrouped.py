@@ -114,6 +114,23 @@ def test_an_op_with_no_deterministic_kernel_reruns_the_unsharded_arm_under_warn_
     assert later.deterministic == "on, but put_ has none"
 
 
+def test_relaxed_turns_deterministic_algorithms_off_for_its_stretch_and_gives_back_the_cases_setting():
+    before = _flags()
+    try:
+        for setting in [(True, False), (True, True)]:
+            torch.use_deterministic_algorithms(setting[0], warn_only=setting[1])
+            with pytest.raises(KeyError), regrouped.relaxed():
+                assert _flags() == (False, False)
+                raise KeyError("a check that raised")
+            assert _flags() == setting
+        torch.use_deterministic_algorithms(False)
+        with regrouped.relaxed():
+            assert _flags() == (False, False)
+        assert _flags() == (False, False)
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
 def test_the_rounding_measurement_runs_outside_deterministic_algorithms_and_the_arms_inside(monkeypatch):
     """The exact run that measures rounding is held to nothing bit for bit: it leaves deterministic algorithms off
     (in float32 at the real size they cost attention's fast backward), and the arms after it get them back."""
