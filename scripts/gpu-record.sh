@@ -89,7 +89,7 @@ suite() {  # every test chooses its device itself: the CPU where it needs it, wh
     step "VDPCP_DEVICE=cuda pytest -n 16, the whole suite"
     VDPCP_DEVICE=cuda timeout "${SUITE_S:-400}" python3 -m pytest -p vdpcp.pytest_plugin -n 16 -v -rfEsx \
         >"$out/pytest-cuda-suite.txt" 2>&1
-    took $?; grep -E "^(\[gw[0-9]+\] )?(FAILED|ERROR)|^=+ .* in [0-9.]+s" "$out/pytest-cuda-suite.txt" | tail -12
+    took $?; grep -E "(FAILED|ERROR) tests/|^=+ .* in [0-9.]+s" "$out/pytest-cuda-suite.txt" | tail -12
 }
 
 nccl-cp1() {
