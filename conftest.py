@@ -35,6 +35,11 @@ def imported_from() -> Path:
 
 
 def pytest_addoption(parser, pluginmanager):
+    # Here, as this file is registered, not at pytest_configure: the conftests below this one import vdpcp's modules,
+    # and where no editable install maps them to this checkout they would fail on the other one's first.
+    if imported_from() != ROOT:
+        raise pytest.UsageError(f"vdpcp is imported from {imported_from()}, not from this checkout {ROOT}, so these "
+                                f"tests would test that code: run ./run pytest, or python -m pytest from {ROOT}")
     from vdpcp import pytest_plugin
 
     if not pluginmanager.is_registered(pytest_plugin) and not pluginmanager.is_blocked("vdpcp"):
@@ -42,9 +47,6 @@ def pytest_addoption(parser, pluginmanager):
 
 
 def pytest_configure(config):
-    if imported_from() != ROOT:
-        raise pytest.UsageError(f"vdpcp is imported from {imported_from()}, not from this checkout {ROOT}, so these "
-                                f"tests would test that code: run ./run pytest, or python -m pytest from {ROOT}")
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if paths[0] != str(ROOT):
         os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *(p for p in paths if p)])

@@ -71,9 +71,11 @@ def test_forkcheck_names_the_statement_that_started_the_thread_and_forks_past_it
 
 
 def test_where_gpus_are_seen_the_zygote_refuses_a_preload_after_which_children_cannot_use_cuda(tmp_path, monkeypatch):
-    # torch.cuda.is_available() counts devices through the CUDA runtime, which registers torch's fork handler: every
-    # child forked later is marked a bad fork and raises at its first CUDA use (so on CPU too, where it is harmless).
-    (tmp_path / "counts_devices.py").write_text("import torch\n\ntorch.cuda.is_available()\n")
+    # Counting devices through the CUDA runtime registers torch's fork handler: every child forked later is marked a
+    # bad fork and raises at its first CUDA use (so on CPU too, where it is harmless). torch.cuda.is_available() does
+    # that only where NVML is missing (this CPU machine); where a driver answers NVML it asks NVML and the preload
+    # was kept (measured on the H200), so the preload calls the runtime's count itself, as is_available falls back to.
+    (tmp_path / "counts_devices.py").write_text("import torch\n\ntorch._C._cuda_getDeviceCount()\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(tmp_path), os.environ.get("PYTHONPATH")))))
     monkeypatch.setattr(config, "cuda_device_count", lambda: 1)  # as the caller on a GPU machine sees it
     pool = WorkerPool()

@@ -55,10 +55,18 @@ def test_a_checkout_never_installed_gets_the_plugin_from_the_root_conftest(tmp_p
 
 
 def test_another_checkouts_vdpcp_is_a_usage_error_naming_both(tmp_path):
+    """An environment installed from another checkout: its pytest11 entry point imports that vdpcp before any
+    conftest runs. Made here (a dist-info beside the other package), so the test means the same wherever it runs: on
+    a GPU machine where vdpcp was never installed, pytest's own import of the root conftest put this checkout first
+    and the other vdpcp was never imported (1 passed, measured on the H200)."""
     other = tmp_path / "other"
     (other / "vdpcp").mkdir(parents=True)
     (other / "vdpcp" / "__init__.py").write_text("")
     (other / "vdpcp" / "pytest_plugin.py").write_text("")
+    installed = other / "vdpcp-0.0.1.dist-info"
+    installed.mkdir()
+    (installed / "METADATA").write_text("Metadata-Version: 2.1\nName: vdpcp\nVersion: 0.0.1\n")
+    (installed / "entry_points.txt").write_text("[pytest11]\nvdpcp = vdpcp.pytest_plugin\n")
     ran = _pytest(tmp_path, str(ROOT / THIS), PYTHONPATH=str(other))
     assert ran.returncode == 4, ran.stdout + ran.stderr  # pytest's usage error
     assert f"vdpcp is imported from {other}, not from this checkout {ROOT}" in ran.stdout + ran.stderr

@@ -4,6 +4,7 @@ checkouts that differ, run at the same time, each test their own code (issue: sh
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,14 +24,28 @@ def _clone(tmp_path: Path, name: str, marker: str) -> Path:
 @pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="needs a git checkout")
 def test_two_checkouts_running_at_once_each_import_their_own_code(tmp_path):
     a, b = _clone(tmp_path, "a", "CHECKOUT-A"), _clone(tmp_path, "b", "CHECKOUT-B")
-    runs = {name: subprocess.Popen([str(root / "run"), "vdpcp", "--help"], stdout=subprocess.PIPE, text=True)
+    env = {**os.environ, "VDPCP_ENV_CACHE": str(_shared_environment(tmp_path / "cache", a))}
+    runs = {name: subprocess.Popen([str(root / "run"), "python", "-m", "vdpcp", "--help"], stdout=subprocess.PIPE,
+                                   text=True, env=env)
             for name, root in (("A", a), ("B", b))}
     printed = {name: run.communicate(timeout=120)[0] for name, run in runs.items()}
     assert "CHECKOUT-A" in printed["A"] and "CHECKOUT-B" not in printed["A"], printed["A"]
     assert "CHECKOUT-B" in printed["B"] and "CHECKOUT-A" not in printed["B"], printed["B"]
     where = subprocess.run([str(a / "run"), "python", "-c", "import vdpcp; print(vdpcp.__file__)"],
-                           capture_output=True, text=True, check=True).stdout.strip()
+                           capture_output=True, text=True, check=True, env=env).stdout.strip()
     assert where == str(a / "vdpcp" / "__init__.py")
+
+
+def _shared_environment(cache: Path, root: Path) -> Path:
+    """The one environment both clones' ./run choose (their pyproject.toml are the same), made of the interpreter
+    running these tests, so nothing is built: where the suite runs outside ./run (a GPU machine with no package
+    index, measured on the H200) ./run would otherwise try to build one in the test."""
+    python = cache / f"venv-{_environment_key(root)}" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    (python.parent.parent / ".complete").touch()
+    return cache
 
 
 def _declared_torch_floor() -> str:
