@@ -19,7 +19,9 @@ dtype's rounding instead: rows its tower took besides its media (padding frames:
 computed from another after the gather (``derived_outputs``: the ranks' gradients are then summed after that
 computation). The gradients are exact only where the backward is deterministic: always on the CPU; on CUDA under
 strict ``torch.use_deterministic_algorithms(True)``, which ``deterministic`` turns on for the case where the
-process started with ``CUBLAS_WORKSPACE_CONFIG`` set (cuBLAS reads it when CUDA starts), and restores after. Where
+process started with ``CUBLAS_WORKSPACE_CONFIG`` set (cuBLAS reads it when CUDA starts), and restores after;
+``relaxed`` turns them off again for the stretches held only within a tolerance (the oracle's rounding measurement
+and whole-microbatch gradient comparisons). Where
 that is off, or the tower runs an op with no deterministic kernel (``lacking``), the gradients are left to the
 whole-microbatch checks and the outputs alone are held exactly (the forward is bitwise repeatable by itself:
 docs/precision.md).
