@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.processes import alive
+from tests.harness.processes import alive, described
 from vdpcp.harness import pool as pool_module
 from vdpcp.harness import run_ranks, shutdown
 from vdpcp.harness.pool import WorkerPool
@@ -126,7 +126,8 @@ def test_workers_die_with_their_caller(how):
     assert len(pids) == 3 and directory.name.startswith("vdpcp-pool-")  # two workers and the zygote
     if how == "interrupt":
         assert "KeyboardInterrupt" in caller.stderr, f"the caller exited with {caller.returncode}, stderr {caller.stderr!r}"
-    assert wait_until_gone(pids) == []
+    left = wait_until_gone(pids)
+    assert left == [], f"still there: {described(left)}; the caller's stderr: {caller.stderr[-2000:]}"
     assert not directory.exists()
 
 

@@ -162,7 +162,8 @@ def raise_after_a_device_side_assert(ctx):
 @pytest.mark.skipif(config.cuda_device_count() == 0, reason="needs a GPU")
 def test_a_sticky_cuda_error_re_forks_the_workers(pool):
     before = pids(pool)
-    assert {o.kind for o in run(pool, raise_after_a_device_side_assert)} == {RAISED}
+    outcomes = run(pool, raise_after_a_device_side_assert)
+    assert {o.kind for o in outcomes} == {RAISED}, [(o.rank, o.kind, o.summary) for o in outcomes]
     assert pool.recovery.startswith("re-forked: rank 0's check raised"), pool.recovery
     assert set(pids(pool)).isdisjoint(before)
 
