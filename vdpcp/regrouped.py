@@ -87,7 +87,7 @@ def deterministic(device: torch.device, result, model):
         result.deterministic = "off (CUBLAS_WORKSPACE_CONFIG unset when CUDA started)"
         yield
         return
-    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    before = _setting()
     cudnn_sdp = torch.backends.cuda.cudnn_sdp_enabled()
     op = _LACKING.get(model)
     torch.use_deterministic_algorithms(True, warn_only=op is not None)
@@ -116,7 +116,7 @@ def relaxed():
     arms' rounding, vdpcp.precision.measure): nothing there is compared bit for bit, so it pays nothing for
     determinism (in float32 at the real size, attention's deterministic backward) and no op of it can be refused.
     The case's setting comes back after, for the sharded arm and the regrouped runs that are held exactly."""
-    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    before = _setting()
     if not before[0]:
         yield
         return
@@ -132,13 +132,17 @@ def lacking(model, err: BaseException, result) -> bool:
     kernel (bilinear interpolation's CUDA backward, say). If so the op is remembered for the model, the rest of the
     case runs under ``warn_only``, and the caller runs its arm again; every rank raises alike there (the unsharded
     arm, before any collective), so every rank runs it again alike."""
-    strict = torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled()
-    if not strict or NONDETERMINISTIC not in str(err):
+    if _setting() != (True, False) or NONDETERMINISTIC not in str(err):
         return False
     _LACKING[model] = str(err).split(" does not")[0]
     torch.use_deterministic_algorithms(True, warn_only=True)
     result.deterministic = _none(_LACKING[model])
     return True
+
+
+def _setting() -> tuple[bool, bool]:
+    """Deterministic algorithms' process-global setting: (on, warn_only), as use_deterministic_algorithms(on, warn_only=...) takes it."""
+    return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
 
 
 def _none(op: str) -> str:
