@@ -191,7 +191,8 @@ def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: 
     if precision.low(dtype):
         with regrouped.relaxed():
             rounding = precision.measure(impl, model, batch, out, grads, own_grads, summed,
-                                         own_weights if own_grads is not None else None, gradients)
+                                         own_weights if own_grads is not None else None, gradients,
+                                         kinds=own_media(plan, spec, cp_rank) if own_grads is not None else None)
         clock.lap("exact")
     return Unsharded(batch, {n: t.detach() for n, t in out.items()}, grads, own_grads, ran.ran(), ran.untracked,
                      plan, weights, sharded, rounding, graph, gradients)
@@ -375,6 +376,16 @@ def own_token_mask(plan, rank: int, device) -> torch.Tensor:
     """Rows of the gathered features (in image order) that come from this rank's real images."""
     own = [owner == rank for owner, tokens in zip(plan.owner, plan.tokens) for _ in range(tokens)]
     return torch.tensor(own, dtype=torch.bool, device=device)
+
+
+def own_media(plan, spec, rank: int) -> tuple[str, ...] | None:
+    """Per media item of ``spec``, whether its rows are all this rank's own in ``plan``, none, or some (None
+    without a plan that covers the microbatch): the exact run's chunks keep them apart (precision.measure)."""
+    if plan is None or len(plan.owner) != len(spec.images):
+        return None
+    rows = spec.media_rows
+    kinds = ({plan.owner[row] == rank for row in range(rows[m], rows[m + 1])} for m in range(len(rows) - 1))
+    return tuple("own" if kind == {True} else "other" if kind == {False} else "mixed" for kind in kinds)
 
 
 # --- what ran --------------------------------------------------------------------------------------------

@@ -134,7 +134,7 @@ class Rounding:
 
 
 def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weights, grads: bool,
-            chunk: int | None = None) -> Rounding:
+            chunk: int | None = None, kinds=None) -> Rounding:
     """The unsharded run once more in ``EXACT[dtype]``, on a copy of ``model`` made for it and freed after.
 
     ``ref_out``: the unsharded outputs; ``ref_grads``: its parameter gradients (one per parameter, in order) and
@@ -145,40 +145,43 @@ def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weig
     their gradients summed: a tower encodes each image independently of every other (the premise of vision DP over
     CP, which the matrix checks), and a higher precision has no batch effect worth the name, so this is the same
     exact run with a fraction of its activations (a real-size tower's, in float64, would not fit beside the rest).
+    ``kinds`` (one per media item: whose it is) keeps items of different kinds in different chunks, so that most
+    chunks are wholly the rank's own or wholly not, and need one backward where a mixed one needs two (_backward).
     """
     hp = EXACT[batch.patches.dtype]
     exact = copy.deepcopy(model).to(hp)  # the same weights; model's gradients were set aside, so none are copied
     params = list(exact.parameters())
     patches = batch.patches.detach().to(hp).requires_grad_(grads)
-    parts, own_exact, start = [], [None] * len(params), 0
+    parts, own, rest, start = [], [None] * len(params), [None] * len(params), 0
     with highest_precision(), torch.set_grad_enabled(grads):  # outputs only: no graph to keep
-        for sub in media_chunks(replace(batch, patches=patches), chunk or EXACT_CHUNK):
+        for sub in media_chunks(replace(batch, patches=patches), chunk or EXACT_CHUNK, kinds):
             out = outputs_of(impl.encode(exact, impl.inputs(sub)), f"{impl.name}.encode")
             rows = next(iter(out.values())).shape[0]
             parts.append({name: t.detach() for name, t in out.items()})
             if grads:
-                if own_grads is not None:
-                    own_exact = _accumulate(params, own_exact, _weighted(out, own_weights, hp, start, rows))
-                _weighted(out, weights, hp, start, rows).backward()
+                share = None if own_grads is None else _slice(own_weights, start, rows)
+                own, rest = _backward(params, out, _slice(weights, start, rows), share, own, rest, hp)
             start += rows
     out = {name: torch.cat([part[name] for part in parts]) for name in parts[0]} if parts else {}
     outputs = {name: 2 * row_relative(ref_out[name], out[name]) for name in out if name in ref_out}
     if not grads:
         return Rounding(outputs)
-    own = 2 * relative(own_grads, own_exact) if own_grads is not None else 0.0
+    summed = [r if o is None else o if r is None else r.add_(o) for o, r in zip(own, rest)]
+    own_figure = 2 * relative(own_grads, own) if own_grads is not None else 0.0
     return Rounding(outputs, 2 * segment_relative(_grad(batch.patches), _grad(patches), batch.cu_seqlens),
-                    2 * relative(ref_grads, [p.grad for p in params]), own)
+                    2 * relative(ref_grads, summed), own_figure)
 
 
-def media_chunks(batch, chunk: int):
+def media_chunks(batch, chunk: int, kinds=None):
     """``batch`` as consecutive microbatches of whole media items, each of at most ``chunk`` patches (an item
-    larger than that alone; MicrobatchSpec.media_groups); views of its patches, so gradients reach the whole."""
+    larger than that alone) and of one of ``kinds`` (MicrobatchSpec.media_groups); views of its patches, so
+    gradients reach the whole."""
     spec = batch.spec
     if not spec.media_frames:
         yield batch
         return
     cu, rows = [int(c) for c in batch.cu_seqlens], spec.media_rows
-    for m0, m1 in spec.media_groups(chunk):
+    for m0, m1 in spec.media_groups(chunk, kinds):
         r0, r1 = rows[m0], rows[m1]
         sub = replace(spec, images=spec.images[r0:r1],
                       num_frames=None if spec.num_frames is None else spec.num_frames[m0:m1], name=f"{spec.name}[{m0}:{m1}]")
@@ -186,26 +189,43 @@ def media_chunks(batch, chunk: int):
                       cu_seqlens=batch.cu_seqlens[r0 : r1 + 1] - batch.cu_seqlens[r0])
 
 
-def _accumulate(params, totals: list, loss: torch.Tensor) -> list:
-    """``totals`` (one per parameter, None: nothing yet) plus d loss / d params, in place, keeping the graph.
+def _backward(params, out, summed: dict, share: dict | None, own: list, rest: list, dtype) -> tuple[list, list]:
+    """One chunk's gradients into two totals (one per parameter, None: nothing yet): ``own``, of the rank's own
+    loss (``share``: its weights over the chunk's rows; None: not asked), and ``rest``, of the summed loss less
+    that, so that own + rest is the summed loss's gradient however the chunk splits.
 
-    Through .grad, which backward adds to in place, with the summed loss's own accumulation set aside meanwhile:
-    autograd.grad would hand back a whole new set of gradients, and adding them to the totals a third, so a later
-    chunk held two copies of the tower's gradients more than the budget counts (measured on the H200: the reference
-    tower's video chunk 1.25-1.36 times its estimate)."""
-    summed = [p.grad for p in params]
+    A chunk wholly the rank's own (its share is the summed weights) or wholly not (a share of zeros) takes one
+    backward; only a mixed one takes two, the first keeping the graph for the second. Both go to the input too,
+    which so gets the summed loss's gradient. Through .grad, which backward adds to in place: autograd.grad would
+    hand back a whole new set of gradients, one more copy of the tower's than the budget counts (measured on the
+    H200: the reference tower's video chunk 1.25-1.36 times its estimate)."""
+    if share is None or not any(w.any() for w in share.values()):
+        return own, _into(params, rest, _weighted(out, summed, dtype))
+    if all(torch.equal(share[name], summed[name]) for name in summed):
+        return _into(params, own, _weighted(out, summed, dtype)), rest
+    own = _into(params, own, _weighted(out, share, dtype), keep=True)
+    return own, _into(params, rest, _weighted(out, {n: summed[n].to(dtype) - share[n].to(dtype) for n in summed}, dtype))
+
+
+def _into(params, totals: list, loss: torch.Tensor, keep: bool = False) -> list:
+    """``totals`` plus d loss / d params, in place, through each parameter's .grad; the input's .grad too."""
     for p, total in zip(params, totals):
         p.grad = total
-    loss.backward(inputs=params, retain_graph=True)  # the parameters only: the input gradient is the summed loss's
+    loss.backward(retain_graph=keep)
     totals = [p.grad for p in params]
-    for p, grad in zip(params, summed):
-        p.grad = grad
+    for p in params:
+        p.grad = None
     return totals
 
 
-def _weighted(outputs, weights, dtype, start: int, rows: int) -> torch.Tensor:
-    """The loss over token rows [start, start + rows) of the whole microbatch's outputs."""
-    return sum((weights[name][start : start + rows].to(dtype) * t).sum() for name, t in outputs.items())
+def _slice(weights: dict, start: int, rows: int) -> dict:
+    """Loss weights over token rows [start, start + rows) of the whole microbatch's outputs."""
+    return {name: w[start : start + rows] for name, w in weights.items()}
+
+
+def _weighted(outputs, weights, dtype) -> torch.Tensor:
+    """The loss over one chunk's outputs, under its weights."""
+    return sum((weights[name].to(dtype) * t).sum() for name, t in outputs.items())
 
 
 def row_relative(actual: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:

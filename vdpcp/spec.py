@@ -17,6 +17,7 @@ import functools
 import itertools
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -75,12 +76,13 @@ class MicrobatchSpec:
         """The first row of each media item, and the end."""
         return tuple(itertools.accumulate(self.media_frames, initial=0))
 
-    def media_groups(self, patches: int) -> list[tuple[int, int]]:
-        """Consecutive media items [first, stop) of at most ``patches`` patches each (an item larger alone)."""
+    def media_groups(self, patches: int, kinds: Sequence | None = None) -> list[tuple[int, int]]:
+        """Consecutive media items [first, stop) of at most ``patches`` patches each (an item larger alone); with
+        ``kinds`` (one per media item), never two items of different kinds in one group."""
         rows, bounds, size = self.media_rows, [0], 0
         for m in range(len(self.media_frames)):
             item = sum(self.row_patches[rows[m] : rows[m + 1]])
-            if size and size + item > patches:
+            if size and (size + item > patches or (kinds is not None and kinds[m] != kinds[m - 1])):
                 bounds.append(m)
                 size = 0
             size += item

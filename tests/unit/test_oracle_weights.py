@@ -77,3 +77,12 @@ def test_a_seed_of_any_size_draws_weights_and_the_main_features_are_output_0():
     w = oracle.loss_weights(case, largest, 3, SHAPE, torch.float64, torch.device("cpu"))
     assert torch.equal(w, oracle.loss_weights(case, largest, 3, SHAPE, torch.float64, torch.device("cpu"), output=0))
     assert not torch.equal(w, oracle.loss_weights(case, largest, 3, SHAPE, torch.float64, torch.device("cpu"), output=1))
+
+
+def test_each_media_item_is_the_ranks_own_another_ranks_or_shared_between_them():
+    video = MicrobatchSpec(images=((16, 16),) * 5, num_frames=(1, 3, 1), seed=7, name="video")
+    plan = Ownership(owner=(0, 1, 1, 0, 1), tokens=(4,) * 5, placeholders=(0, 0))  # the video's frames split
+    assert oracle.own_media(plan, video, 1) == ("other", "mixed", "own")
+    assert oracle.own_media(plan, video, 0) == ("own", "mixed", "other")
+    assert oracle.own_media(None, video, 0) is None
+    assert oracle.own_media(Ownership((0, 1), (4, 4), (0, 0)), video, 0) is None  # not this microbatch's rows

@@ -56,8 +56,10 @@ def test_the_exact_run_in_chunks_measures_what_it_measures_whole():
 
 
 @pytest.mark.parametrize("chunk", [10**9, 1])
-def test_the_exact_runs_own_share_is_its_own_losss_gradient_and_leaves_the_input_gradient_alone(chunk):
-    """The rank-alone expectation's exact figure accumulates over chunks apart from the summed loss's gradients."""
+def test_the_exact_runs_own_share_is_its_own_losss_gradient_and_leaves_the_summed_figures_as_they_were(chunk):
+    """The rank-alone expectation's exact figure accumulates over chunks apart from the rest of the summed loss's
+    gradients, and own + rest is the summed loss's gradient: its figures as without a share, to float64's rounding
+    (a share counted twice, or left out of the input's gradient, would move them by its whole size)."""
     run = unsharded_run("video-and-images", seed=0)
     impl, model, batch, out, grads = run.impl, run.model, run.batch, run.out, run.grads
     weights, own_weights, exact = run.weights, run.own_weights, exact_copy(run)
@@ -67,7 +69,49 @@ def test_the_exact_runs_own_share_is_its_own_losss_gradient_and_leaves_the_input
     alone = precision.measure(impl, model, batch, out, grads, own_exact, weights, own_weights, True, chunk=chunk)
     without = precision.measure(impl, model, batch, out, grads, None, weights, None, True, chunk=chunk)
     assert alone.own_params < 1e-12  # the same float64 gradient, summed over chunks
-    assert torch.equal(alone.input, without.input) and alone.params == without.params
+    assert torch.allclose(alone.input, without.input, rtol=1e-9) and alone.params == pytest.approx(without.params, rel=1e-9)
+
+
+def _share(run, media: set[int]) -> dict:
+    """The summed weights on the token rows of ``media`` (its images, by item), zero elsewhere: a rank's own share."""
+    spec, tokens = run.batch.spec, run.impl.plan(run.batch.spec, run.case.config).tokens
+    rows = [m for m in range(len(spec.media_frames)) for _ in range(spec.media_rows[m], spec.media_rows[m + 1])]
+    mask = torch.tensor([rows[r] in media for r, n in enumerate(tokens) for _ in range(n)])
+    return {name: w * mask.unsqueeze(-1) for name, w in run.weights.items()}
+
+
+def _backwards(monkeypatch) -> list:
+    calls, backward = [], torch.Tensor.backward
+    monkeypatch.setattr(torch.Tensor, "backward", lambda self, *a, **k: calls.append(1) or backward(self, *a, **k))
+    return calls
+
+
+def test_chunks_kept_to_one_owner_take_one_backward_each_and_measure_what_mixed_ones_do(monkeypatch):
+    """With the media's owners as kinds, no chunk mixes the rank's own items with others': one backward a chunk
+    where mixed chunks take two, and the same figures (the share's gradient and the summed loss's)."""
+    run = unsharded_run("video-and-images", seed=0)  # five media items
+    share = _share(run, {1, 2})
+    kinds = ("other", "own", "own", "other", "other")
+    exact = exact_copy(run)
+    features = run.impl.encode(exact, replace(run.batch, patches=run.batch.patches.detach().double()))
+    own_exact = torch.autograd.grad((features * share["features"].double()).sum(), list(exact.parameters()))
+    figures = {}
+    for hint in (None, kinds):
+        calls = _backwards(monkeypatch)
+        figures[hint] = precision.measure(run.impl, run.model, run.batch, run.out, run.grads, list(own_exact),
+                                          run.weights, share, True, chunk=10**9, kinds=hint)
+        monkeypatch.undo()
+        figures[hint, "backwards"] = len(calls)
+    assert (figures[None, "backwards"], figures[kinds, "backwards"]) == (2, 3)  # one mixed chunk; three unmixed
+    assert figures[kinds].own_params < 1e-12 and figures[None].own_params < 1e-12
+    assert figures[kinds].params == pytest.approx(figures[None].params, rel=1e-9)
+    assert torch.allclose(figures[kinds].input, figures[None].input, rtol=1e-9)
+
+
+def test_media_groups_never_put_two_kinds_in_one_group():
+    spec = SPECS["video-and-images"]
+    assert spec.media_groups(10**9, ("a", "a", "b", "b", "a")) == [(0, 2), (2, 4), (4, 5)]
+    assert spec.media_groups(100, ("a",) * 5) == spec.media_groups(100) == [(0, 1), (1, 2), (2, 5)]
 
 
 def test_rows_compare_each_within_rtol_and_its_own_slack_and_the_worst_is_named():
