@@ -43,6 +43,27 @@ def interrupt_once_napping(directory: str, world_size: int) -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
+def write_files(ctx):
+    """Files into the pool's folder as fast as a rank can make them (as its log and the rendezvous store write there),
+    until the rank is killed."""
+    folder = Path(pool_directory(ctx))
+    for n in range(10**9):
+        (folder / f"written-{ctx.rank}-{n}").touch()
+
+
+def kill_once_written(directory: str, world_size: int) -> None:
+    """SIGKILL this process once every rank has written a thousand files: mid-case, its ranks still writing."""
+    marks = [Path(directory, f"written-{rank}-1000") for rank in range(world_size)]
+    while not all(mark.exists() for mark in marks):
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _some(names, shown: int = 8) -> str:
+    names = sorted(names)
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
 def wait_until_gone(pids, within: float = GONE_WITHIN_S) -> list[int]:
     deadline = time.monotonic() + within
     while any(map(alive, pids)) and time.monotonic() < deadline:
@@ -89,7 +110,8 @@ def test_a_pytest_session_run_inside_a_test_leaves_the_callers_workers_warm(pyte
 CALLER = textwrap.dedent("""
     import os, signal, sys, threading
     from vdpcp.harness import run_ranks
-    from tests.harness.test_lifecycle import interrupt_once_napping, nap, pool_directory, worker_and_parent
+    from tests.harness.test_lifecycle import (interrupt_once_napping, kill_once_written, nap, pool_directory,
+                                              worker_and_parent, write_files)
 
     def start():
         pairs = run_ranks(worker_and_parent, 2, backend="gloo")
@@ -114,10 +136,14 @@ CALLER = textwrap.dedent("""
         directory = start()
         threading.Thread(target=interrupt_once_napping, args=(directory, 2), daemon=True).start()
         run_ranks(nap, 2, backend="gloo")
+    if how == "sigkill_mid_case":  # the zygote must stop the ranks before it removes the folder they write into
+        directory = start()
+        threading.Thread(target=kill_once_written, args=(directory, 2), daemon=True).start()
+        run_ranks(write_files, 2, backend="gloo")
 """)
 
 
-@pytest.mark.parametrize("how", ["sigkill", "sigkill_from_thread", "interrupt"])
+@pytest.mark.parametrize("how", ["sigkill", "sigkill_from_thread", "interrupt", "sigkill_mid_case"])
 def test_workers_die_with_their_caller(how):
     caller = subprocess.run([sys.executable, "-c", CALLER, how], cwd=REPO, capture_output=True, text=True, timeout=120)
     printed = caller.stdout.splitlines()
@@ -128,7 +154,7 @@ def test_workers_die_with_their_caller(how):
         assert "KeyboardInterrupt" in caller.stderr, f"the caller exited with {caller.returncode}, stderr {caller.stderr!r}"
     left = wait_until_gone(pids)
     assert left == [], f"still there: {described(left)}; the caller's stderr: {caller.stderr[-2000:]}"
-    assert not directory.exists()
+    assert not directory.exists(), f"left behind: {_some(p.name for p in directory.iterdir())}"
 
 
 def test_an_interrupt_between_forks_leaves_no_worker_unowned(monkeypatch):
@@ -153,12 +179,15 @@ def has_module(ctx, name):
 
 
 def test_preloaded_modules_are_in_every_rank_before_the_case_imports_them():
+    """Both arms on fresh pools: warm workers keep what earlier cases imported (on the H200 some case of the suite
+    had imported this module in the session's workers)."""
     rarely_imported = "xml.dom.minidom"
-    assert run_ranks(has_module, 2, rarely_imported) == [False, False]
-    pool = WorkerPool()
-    try:
-        call = pickle.dumps((has_module, (rarely_imported,), {}))
-        outcomes = pool.run(call, 2, "gloo", timeout=60, preload=(rarely_imported,))
-    finally:
-        pool.shutdown()
-    assert [o.value for o in outcomes] == [True, True]
+    call = pickle.dumps((has_module, (rarely_imported,), {}))
+    found = {}
+    for preload in ((), (rarely_imported,)):
+        pool = WorkerPool()
+        try:
+            found[preload] = [o.value for o in pool.run(call, 2, "gloo", timeout=60, preload=preload)]
+        finally:
+            pool.shutdown()
+    assert found == {(): [False, False], (rarely_imported,): [True, True]}

@@ -8,6 +8,7 @@ each unsound way out below must re-fork, and the next case must still get right 
 import json
 import os
 import pickle
+from dataclasses import replace
 
 import pytest
 import torch
@@ -166,6 +167,17 @@ def test_a_sticky_cuda_error_re_forks_the_workers(pool):
     assert {o.kind for o in outcomes} == {RAISED}, [(o.rank, o.kind, o.summary) for o in outcomes]
     assert pool.recovery.startswith("re-forked: rank 0's check raised"), pool.recovery
     assert set(pids(pool)).isdisjoint(before)
+
+
+def echo_as_if_on_a_shared_gpu(ctx):
+    return soundness.echo(replace(ctx, device=torch.device("cuda", 0)), 42)
+
+
+def test_the_echo_of_gloo_ranks_stays_on_the_cpu_whatever_their_device(pool):
+    """A gloo rank told to use a GPU (VDPCP_DEVICE=cuda) whose case never touched CUDA must not create a CUDA
+    context in the check: on this machine, without CUDA, it would raise; on a GPU, it costs seconds."""
+    outcomes = run(pool, echo_as_if_on_a_shared_gpu)
+    assert [o.value for o in outcomes] == [[[0, 42], [1, 42]]] * 2, [o.summary for o in outcomes]
 
 
 def census_of(*groups_by_rank) -> list[Outcome]:

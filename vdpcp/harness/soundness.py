@@ -39,11 +39,17 @@ def census(ctx) -> dict[str, tuple[list[int], int]]:
 
 
 def echo(ctx, nonce: int) -> list[list[int]]:
-    """On each rank: every rank's (rank, nonce), all_gathered over the world group on the rank's device."""
+    """On each rank: every rank's (rank, nonce), all_gathered over the world group: on the rank's GPU under NCCL,
+    on the CPU under gloo, whose groups carry either alike. A gloo rank on a shared GPU (VDPCP_DEVICE=cuda) whose
+    case raised before touching CUDA would otherwise create its CUDA context here, seconds where many processes
+    do so at once (the likely cause of two H200 failures with the suite at -n 16: each rank's check still running
+    at the 5 s it is allowed, so sound workers were re-forked); census has already synchronised any device a case
+    used."""
     import torch
     import torch.distributed as dist
 
-    mine = torch.tensor([ctx.rank, nonce], dtype=torch.int64, device=ctx.device)
+    device = ctx.device if ctx.backend == "nccl" else "cpu"
+    mine = torch.tensor([ctx.rank, nonce], dtype=torch.int64, device=device)
     everyone = [torch.empty_like(mine) for _ in range(ctx.world_size)]
     dist.all_gather(everyone, mine, group=ctx.group)
     return [t.tolist() for t in everyone]

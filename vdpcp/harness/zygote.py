@@ -21,6 +21,7 @@ a check of its parent on every loop), removing POOL_DIR, which a killed caller c
 follow it (their PR_SET_PDEATHSIG is SIGKILL).
 """
 
+import contextlib
 import gc
 import importlib
 import os
@@ -42,8 +43,17 @@ ZYGOTE_CANARY_S = 30.0  # a child that only reads a flag and exits: milliseconds
 def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[0]))
     caller_pid, pool_dir = int(argv[1]), argv[2]
+    workers: dict[int, int] = {}  # pidfd -> pid
 
     def leave(*_):
+        # The workers first: one still running could write into POOL_DIR after rmtree listed it (its log, the
+        # rendezvous store), and the directory would outlive everyone. Their PDEATHSIG would come only as we exit.
+        for pid in workers.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in workers.values():
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
         shutil.rmtree(pool_dir, ignore_errors=True)
         os._exit(0)
 
@@ -80,7 +90,6 @@ def main(argv: list[str]) -> None:
     send("ready")
 
     zygote_pid = os.getpid()
-    workers: dict[int, int] = {}  # pidfd -> pid
     while True:
         readable, _, _ = select.select([sock, *workers], [], [], 1.0)
         if os.getppid() != caller_pid:
