@@ -110,6 +110,10 @@ def line(row: dict) -> str:
     return f"{row['id']}  {row['verdict']}  {row['seconds']:.2f} s  [{spent}]  {ranks}{why}"
 
 
+# Issue 35's: the median CP 2 case at most 30% over its 3.2 s before the exact check (issue 27's had been 5 s).
+CP2_TARGET = " (target 4.16 s: 3.2 s before the exact check, + 30%)"
+
+
 def summary(rows: list[dict], wall: float) -> list[str]:
     """Per implementation and CP size the median case's seconds; the measured peaks against the estimates; the wall."""
     out, ran = [], [r for r in rows if r["verdict"] != "refused"]
@@ -125,7 +129,7 @@ def summary(rows: list[dict], wall: float) -> list[str]:
         times = [r["seconds"] for r in ran if r["cp"] == cp and r["world"] == cp]
         if times:
             out.append(f"every subject CP {cp}: median case {statistics.median(times):.2f} s over {len(times)} cases"
-                       f"{' (target 5 s)' if cp == 2 else ''}")
+                       f"{CP2_TARGET if cp == 2 else ''}")
     passing, refusals = sum(r["passing"] for r in rows), len(rows) - len(ran)
     if refusals:
         out.append(f"{refusals} refused before they ran: over this machine's memory or compute limit (their lines "
