@@ -1,6 +1,7 @@
 """Every way a case can go wrong is reported with the rank it happened on, and the next case is clean."""
 
 import ctypes
+import multiprocessing
 import os
 import signal
 import time
@@ -10,6 +11,7 @@ import torch.distributed as dist
 
 from tests.harness.processes import alive
 from vdpcp.harness import RankFailure, run_ranks
+from vdpcp.harness.process import WorkerProcess
 
 GENEROUS_TIMEOUT = 60.0  # faults below must be reported long before it: they are noticed, not timed out
 NOTICED_WITHIN_S = 15.0
@@ -122,3 +124,15 @@ def test_misuse_inside_a_rank_fails_with_a_reason(body, report):
 def _rank_section(message: str, rank: int) -> str:
     """The part of a RankFailure message about one rank."""
     return message.split(f"----- rank {rank}: ", 1)[1].split("\n----- rank ", 1)[0]
+
+
+def test_a_rank_killed_before_it_read_its_case_is_a_death_not_a_crash_of_the_caller(monkeypatch):
+    """Its socket then reads as reset, not closed (a zygote sent SIGTERM stops every rank at once, one perhaps
+    before it read its case: seen in CI as ConnectionResetError out of run_ranks)."""
+    ours, theirs = multiprocessing.Pipe()
+    ours.send_bytes(b"a case it never read")
+    theirs.close()
+    rank = object.__new__(WorkerProcess)
+    rank.conn = ours
+    monkeypatch.setattr(WorkerProcess, "_death", lambda self: "its death, as a DIED outcome")
+    assert rank.poll() == "its death, as a DIED outcome"

@@ -168,7 +168,7 @@ class WorkerProcess:
         if self.conn.poll():
             try:
                 data = self.conn.recv_bytes()
-            except EOFError:
+            except (EOFError, ConnectionResetError):  # reset: it died with a message of ours still unread
                 return self._death()
             if data == READY:
                 return data
