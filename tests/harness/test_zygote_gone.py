@@ -6,6 +6,7 @@ its log with it, on the way out.
 
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from tests.harness.processes import alive
 from tests.harness.test_lifecycle import own_shared_pool, pool_directory  # noqa: F401 - a fixture
 from vdpcp.harness import RankFailure, run_ranks, shutdown
+from vdpcp.harness.process import Zygote, ZygoteGone
 from vdpcp.runner import CaseResult
 
 GENEROUS_TIMEOUT = 60.0  # the zygote's death must be noticed long before it
@@ -44,3 +46,16 @@ def test_a_zygote_gone_under_a_case_fails_it_in_one_line_and_the_next_case_start
         time.sleep(0.05)
     assert not folder.exists(), f"the zygote sent SIGTERM left its folder {folder}"
     shutdown()
+
+
+def test_a_zygote_gone_with_a_fork_request_unread_is_gone_not_a_crash(monkeypatch):
+    """Its socket then reads as reset, not closed."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.send(b"a fork request it never read")
+    theirs.close()
+    zygote = object.__new__(Zygote)
+    zygote._sock = ours
+    monkeypatch.setattr(Zygote, "_obituary", lambda self: "the rank zygote exited")
+    with pytest.raises(ZygoteGone, match="the rank zygote exited"):
+        zygote._receive(GENEROUS_TIMEOUT)
+    ours.close()

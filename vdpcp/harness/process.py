@@ -117,7 +117,10 @@ class Zygote:
             if not self.alive():
                 raise ZygoteGone(self._obituary())
             return
-        data = self._sock.recv(4096)
+        try:
+            data = self._sock.recv(4096)
+        except ConnectionResetError:  # it exited with a request of ours unread
+            data = b""
         if not data:
             raise ZygoteGone(self._obituary())
         kind, *rest = pickle.loads(data)
