@@ -2,6 +2,7 @@
 a failure naming what changed when a case changed their weights or their tensors, and kept while those beyond the
 newest hold at most 2 GiB, the oldest dropped first (vdpcp.model_cache)."""
 
+import itertools
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -19,10 +20,13 @@ SPEC = next(s.spec for s in SCENARIOS if s.spec.name == "three-images")
 
 
 class Keyed:
-    """An implementation whose models are keyed by the case's seed, counting its builds."""
+    """An implementation whose models are keyed by the case's seed, counting its builds; each its own target name
+    (not its id(), which a later instance may reuse once this one is gone, and find this one's models cached)."""
+
+    made = itertools.count()
 
     def __init__(self, key=True):
-        self.builds, self.keyed = 0, key
+        self.builds, self.keyed, self.target = 0, key, f"test:keyed-{next(Keyed.made)}"
 
     def model_key(self, case):
         return ("keyed", case.spec.seed) if self.keyed else None
@@ -34,7 +38,7 @@ class Keyed:
 
 def _borrow(impl, seed=1):
     case = Case(SPEC.__class__(images=SPEC.images, seed=seed), 1)
-    return model_cache.acquire(impl, f"test:{id(impl)}", case, torch.float64, torch.device("cpu"))
+    return model_cache.acquire(impl, impl.target, case, torch.float64, torch.device("cpu"))
 
 
 def test_a_model_is_built_once_per_key_and_reused_after():
@@ -72,8 +76,9 @@ def test_a_case_that_changed_the_weights_is_told_so_and_the_model_is_dropped():
         model[0].bias.add_(1e-12)
     said = model_cache.release(model)
     assert said.startswith("weights: the case changed the model's weights (1 of 2 parameters and buffers, e.g. 0.bias)"), said
-    _, how = _borrow(impl, seed=3)
+    rebuilt, how = _borrow(impl, seed=3)
     assert how == "built"
+    model_cache.release(rebuilt)
 
 
 def test_the_shipped_subjects_say_what_their_build_reads():
