@@ -190,9 +190,10 @@ def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: 
     clock.lap("unsharded")
     if precision.low(dtype):
         with regrouped.relaxed():
+            alone = own_grads is not None  # the rank-alone check's own figure, and the chunks kept to one owner
             rounding = precision.measure(impl, model, batch, out, grads, own_grads, summed,
-                                         own_weights if own_grads is not None else None, gradients,
-                                         kinds=own_media(plan, spec, cp_rank) if own_grads is not None else None)
+                                         own_weights if alone else None, gradients,
+                                         kinds=own_media(plan, spec, cp_rank) if alone else None)
         clock.lap("exact")
     return Unsharded(batch, {n: t.detach() for n, t in out.items()}, grads, own_grads, ran.ran(), ran.untracked,
                      plan, weights, sharded, rounding, graph, gradients)

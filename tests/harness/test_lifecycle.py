@@ -37,9 +37,7 @@ def nap(ctx):
 
 def interrupt_once_napping(directory: str, world_size: int) -> None:
     """Ctrl-C this process once every rank is inside nap: mid-case, never before the case or after it."""
-    marks = [Path(directory, f"napping-{rank}") for rank in range(world_size)]
-    while not all(mark.exists() for mark in marks):
-        time.sleep(0.05)
+    _wait_for([Path(directory, f"napping-{rank}") for rank in range(world_size)])
     os.kill(os.getpid(), signal.SIGINT)
 
 
@@ -53,10 +51,13 @@ def write_files(ctx):
 
 def kill_once_written(directory: str, world_size: int) -> None:
     """SIGKILL this process once every rank has written a thousand files: mid-case, its ranks still writing."""
-    marks = [Path(directory, f"written-{rank}-1000") for rank in range(world_size)]
+    _wait_for([Path(directory, f"written-{rank}-1000") for rank in range(world_size)])
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _wait_for(marks: list[Path]) -> None:
     while not all(mark.exists() for mark in marks):
         time.sleep(0.05)
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _some(names, shown: int = 8) -> str:
