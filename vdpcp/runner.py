@@ -123,7 +123,8 @@ def run_case(case: Case, backend: str | None = None, timeout: float | None = Non
              fault_grace: float | None = None) -> CaseResult:
     """Run ``case`` on its ``case.world_size`` ranks. Skips and xfails raised in a rank propagate to the caller.
 
-    ``fault_grace``: seconds the other ranks get to finish once one rank raised (the harness's default is 3 s).
+    ``fault_grace``: seconds the other ranks get to finish once one rank raised (the harness's default is 3 s), or
+    as long as that rank had run if longer.
     """
     chosen = resolve_backend(backend, case.world_size)  # once: the expectation and the run use the same backend
     budget.check(case, case.id, budget.device_for(chosen, case.world_size))  # SpecTooLarge before any rank builds a tensor

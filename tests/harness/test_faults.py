@@ -3,6 +3,7 @@
 import ctypes
 import multiprocessing
 import os
+import re
 import signal
 import time
 
@@ -40,6 +41,30 @@ def test_a_raising_rank_fails_the_case_and_the_pool_is_rebuilt():
     assert not any(alive(pid) for pid in before)
     after = run_ranks(worker_pid, 2)
     assert set(after).isdisjoint(before)
+
+
+def raise_after(ctx, seconds):
+    """Every rank raises the same error, each after its own seconds: a rank still building its model is behind."""
+    time.sleep(seconds[ctx.rank])
+    raise ValueError(f"rank {ctx.rank}: the documented error")
+
+
+def test_a_peer_behind_the_failed_rank_gets_as_long_as_that_rank_had_run():
+    # Rank 1 is 0.3 s behind rank 0, which failed after 0.6 s: beyond the 0.1 s grace, within the time rank 0 had run
+    # (on the H200 at -n 16, two ranks still building their model 3 s after their peers raised were read as hung).
+    with pytest.raises(RankFailure) as failure:
+        run_ranks(raise_after, 2, (0.6, 0.9), timeout=GENEROUS_TIMEOUT, fault_grace=0.1)
+    assert "rank 1 raised ValueError: rank 1: the documented error" in str(failure.value), failure.value.failures
+
+
+def test_a_peer_stuck_after_the_failed_rank_costs_at_most_that_long_again():
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as failure:
+        run_ranks(raise_after, 2, (0.6, 600.0), timeout=GENEROUS_TIMEOUT, fault_grace=0.1)
+    took = time.monotonic() - start
+    waited = re.match(r"hung: still running ([0-9.]+) s after rank 0 raised", failure.value.failures[1])
+    assert waited and float(waited[1]) >= 0.6, failure.value.failures
+    assert took < NOTICED_WITHIN_S, took
 
 
 def die(ctx, how):

@@ -26,7 +26,7 @@ from vdpcp.harness.process import WorkerProcess, Zygote, ZygoteGone, describe_ex
 from vdpcp.harness.protocol import READY, Case, GroupSpec
 
 STARTUP_TIMEOUT_S = 120.0  # the zygote's torch import; forking a worker takes milliseconds
-FAULT_GRACE_S = 3.0  # default: after one rank fails, how long the others get to finish before their stacks are taken
+FAULT_GRACE_S = 3.0  # default: after one rank fails, how long (at least) the others get to finish before their stacks are taken
 STACK_WAIT_S = 2.0
 # faulthandler writes a dump at once from its signal handler: two equal sizes this far apart say it is whole. Every
 # known-limit case (a rank raises, the rest wait in a collective) waits for two polls.
@@ -50,9 +50,9 @@ class WorkerPool:
         """Run the pickled ``call`` on ranks 0..world_size-1; one Outcome per rank, in rank order.
 
         ``preload``: the modules the zygote must have imported (see config.configure). ``fault_grace``:
-        seconds the other ranks get to finish once one rank failed. ``reuse_after_raise``: keep the workers
-        of a case whose ranks only raised (none died or hung) when its process groups check sound; False
-        re-forks them after every fault. ``tolerate_threads``: OS thread-name prefixes the zygote accepts
+        seconds the other ranks get to finish once one rank failed, or as long as it had run if that is longer.
+        ``reuse_after_raise``: keep the workers of a case whose ranks only raised (none died or hung) when its
+        process groups check sound; False re-forks them after every fault. ``tolerate_threads``: OS thread-name prefixes the zygote accepts
         after its preload (see config.configure).
         """
         try:
@@ -173,10 +173,16 @@ class WorkerPool:
         return unsound
 
     def _collect(self, workers: list[WorkerProcess], timeout: float, grace: float, stacks: bool = True) -> list[Outcome]:
-        """Wait for every rank's outcome; stop early once a rank failed and the others had their grace."""
+        """Wait for every rank's outcome; stop early once a rank failed and the others had their grace.
+
+        The grace is at least as long as the failed rank had run: a peer merely behind it (still building its model
+        while a loaded machine's other processes create CUDA contexts, as on the H200 with the suite at -n 16) reaches
+        the same point in about that time, and a peer stuck on the failed one costs at most that long again.
+        """
         pending = {w.rank: w for w in workers}
         outcomes: dict[int, Outcome] = {}
-        cutoff = deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        cutoff = deadline = started + timeout
         late = f"hung: still running at the {timeout:g} s timeout"
         while pending and time.monotonic() < cutoff:
             wait([x for w in pending.values() for x in w.waitables()], timeout=cutoff - time.monotonic())
@@ -187,8 +193,11 @@ class WorkerPool:
                 outcomes[rank] = outcome
                 del pending[rank]
                 if outcome.kind in FAULTS and cutoff == deadline:
-                    cutoff = min(deadline, time.monotonic() + grace)
-                    late = f"hung: still running {grace:g} s after rank {rank} {outcome.summary}"
+                    now = time.monotonic()
+                    given = max(grace, now - started)
+                    cutoff = min(deadline, now + given)
+                    waited = f"{given:.1f}".removesuffix(".0")
+                    late = f"hung: still running {waited} s after rank {rank} {outcome.summary}"
         late_stacks = _stacks(list(pending.values())) if stacks else {rank: "" for rank in pending}
         for rank, stack in late_stacks.items():
             outcomes[rank] = Outcome(rank, HUNG, summary=late, detail=stack)

@@ -22,8 +22,9 @@ def run_ranks(fn, world_size: int, *args, backend: str | None = None, timeout: f
     args, kwargs and return values must pickle. ``backend``: "auto" (NCCL when there is a GPU per
     rank, else gloo), "nccl" or "gloo"; None takes the configured default. ``timeout``: seconds before
     a case counts as hung; None takes the configured default (120 s). ``fault_grace``: seconds the
-    other ranks get to finish once one rank failed (default 3 s); a case expected to fail with one rank
-    raising and the rest stuck in a collective sets it short.
+    other ranks get to finish once one rank failed (default 3 s; as long as that rank had run, if
+    longer); a case expected to fail with one rank raising and the rest stuck in a collective sets it
+    short.
 
     Raises RankFailure if a rank raises, dies or hangs; skips or xfails if a rank does; raises
     BackendUnavailable if NCCL is forced without a GPU per rank. Under torchrun, see launcher.py.
