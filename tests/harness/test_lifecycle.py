@@ -2,7 +2,9 @@
 
 import os
 import pickle
+import select
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -13,6 +15,7 @@ import pytest
 
 from tests.harness.processes import alive, described
 from vdpcp.harness import pool as pool_module
+from vdpcp.harness import process as process_module
 from vdpcp.harness import run_ranks, shutdown
 from vdpcp.harness.pool import WorkerPool
 
@@ -153,7 +156,9 @@ def test_workers_die_with_their_caller(how):
         assert "KeyboardInterrupt" in caller.stderr, f"the caller exited with {caller.returncode}, stderr {caller.stderr!r}"
     left = wait_until_gone(pids)
     assert left == [], f"still there: {described(left)}; the caller's stderr: {caller.stderr[-2000:]}"
-    assert not directory.exists(), f"left behind: {_some(p.name for p in directory.iterdir())}"
+    log = directory / "zygote.log"
+    said = log.read_text()[-2000:] if log.exists() else ""
+    assert not directory.exists(), f"left behind: {_some(p.name for p in directory.iterdir())}; the zygote said:\n{said}"
 
 
 def test_an_interrupt_between_forks_leaves_no_worker_unowned(monkeypatch):
@@ -190,3 +195,24 @@ def test_preloaded_modules_are_in_every_rank_before_the_case_imports_them():
         finally:
             pool.shutdown()
     assert found == {(): [False, False], (rarely_imported,): [True, True]}
+
+
+def test_a_caller_gone_with_a_reply_unread_still_has_its_folder_removed(tmp_path):
+    """A caller that dies with a zygote message unread in its socket makes the zygote's next read fail with
+    ECONNRESET, not end-of-file (Linux, connection-oriented Unix sockets); the zygote must still remove the pool's
+    folder. On the H200 (suite at -n 16) sigkill_from_thread left the folder whole, zygote.log and all."""
+    directory = tmp_path / "vdpcp-pool-test"
+    directory.mkdir()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    argv = [sys.executable, "-m", "vdpcp.harness.zygote", str(theirs.fileno()), str(os.getpid()), str(directory)]
+    with open(tmp_path / "zygote.log", "wb") as log, theirs:
+        zygote = subprocess.Popen(argv, cwd=REPO, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=log,
+                                  stderr=subprocess.STDOUT, env=dict(os.environ, **process_module._ONE_THREAD))
+    try:
+        assert select.select([ours], [], [], 60)[0], "the zygote sent no ready within 60 s"  # left unread
+        ours.close()
+        code = zygote.wait(timeout=30)
+    finally:
+        zygote.kill()
+    said = (tmp_path / "zygote.log").read_text()
+    assert not directory.exists() and code == 0, f"exit code {code}, folder left: {directory.exists()}; it said:\n{said}"

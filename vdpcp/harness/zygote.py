@@ -86,7 +86,12 @@ def main(argv: list[str]) -> None:
     if names:  # tolerated on purpose: Python's warning at every fork would only fill the log
         warnings.filterwarnings("ignore", message=r"This process .* is multi-threaded", category=DeprecationWarning)
     gc.freeze()  # keep the collector from dirtying shared pages in every worker
-    send = lambda *message: sock.send(pickle.dumps(message))  # noqa: E731
+    def send(*message):
+        try:
+            sock.send(pickle.dumps(message))
+        except ConnectionError:  # the caller is gone
+            leave()
+
     send("ready")
 
     zygote_pid = os.getpid()
@@ -96,7 +101,10 @@ def main(argv: list[str]) -> None:
             leave()
         for fd in readable:
             if fd is sock:
-                data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 1)
+                try:
+                    data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 1)
+                except ConnectionResetError:  # the caller died with a message of ours unread (Linux says reset)
+                    leave()
                 if not data:  # the caller closed its end
                     leave()
                 _, rank, log_path, stack_path = pickle.loads(data)
