@@ -26,7 +26,7 @@ from vdpcp.harness.process import WorkerProcess, Zygote, ZygoteGone, describe_ex
 from vdpcp.harness.protocol import READY, Case, GroupSpec
 
 STARTUP_TIMEOUT_S = 120.0  # the zygote's torch import; forking a worker takes milliseconds
-FAULT_GRACE_S = 3.0  # default: after one rank fails, how long (at least) the others get to finish before their stacks are taken
+FAULT_GRACE_S = 3.0  # default: after one rank fails, the least time the others get to finish before their stacks are taken
 STACK_WAIT_S = 2.0
 # faulthandler writes a dump at once from its signal handler: two equal sizes this far apart say it is whole. Every
 # known-limit case (a rank raises, the rest wait in a collective) waits for two polls.
@@ -52,8 +52,8 @@ class WorkerPool:
         ``preload``: the modules the zygote must have imported (see config.configure). ``fault_grace``:
         seconds the other ranks get to finish once one rank failed, or as long as it had run if that is longer.
         ``reuse_after_raise``: keep the workers of a case whose ranks only raised (none died or hung) when its
-        process groups check sound; False re-forks them after every fault. ``tolerate_threads``: OS thread-name prefixes the zygote accepts
-        after its preload (see config.configure).
+        process groups check sound; False re-forks them after every fault. ``tolerate_threads``: OS thread-name
+        prefixes the zygote accepts after its preload (see config.configure).
         """
         try:
             self._grow(world_size, preload, tolerate_threads)

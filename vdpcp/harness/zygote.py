@@ -86,6 +86,7 @@ def main(argv: list[str]) -> None:
     if names:  # tolerated on purpose: Python's warning at every fork would only fill the log
         warnings.filterwarnings("ignore", message=r"This process .* is multi-threaded", category=DeprecationWarning)
     gc.freeze()  # keep the collector from dirtying shared pages in every worker
+
     def send(*message):
         try:
             sock.send(pickle.dumps(message))
