@@ -36,7 +36,8 @@ def test_a_raising_rank_fails_the_case_and_the_pool_is_rebuilt():
     raised, waited = _rank_section(message, 1), _rank_section(message, 0)
     assert "rank 1 raised ValueError: rank 1 found a wrong shard" in message
     assert "Traceback" in raised and "in raise_before_barrier" in raised
-    assert "hung: still running 3 s after rank 1 raised" in waited and "in barrier" in waited
+    grace = re.search(r"hung: still running ([0-9.]+) s after rank 1 raised", waited)  # 3 s, or longer on a loaded
+    assert grace and float(grace[1]) >= 3 and "in barrier" in waited, waited  # machine: as long as rank 1 had run
     assert set(failure.value.failures) == {0, 1}
     assert not any(alive(pid) for pid in before)
     after = run_ranks(worker_pid, 2)
