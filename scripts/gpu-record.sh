@@ -21,8 +21,9 @@
 #   sensitivity  the smallest planted bug each check catches, every shipped subject at --tower real, CP 2, gloo ranks
 #              sharing the GPU, a rank's features and its gradient x (1 + eps), one token + eps x its norm
 #              (vdpcp bench sensitivity; SENS_DTYPE: bfloat16 by default, float32 the other run; SENS_GRID: the
-#              sizes, every power of ten 1e-12 .. 1e-1 by default, e.g. "1e-9 1e-3": fewer runs)
-#                                                                          -> sensitivity-DTYPE.txt, .json
+#              sizes, every power of ten 1e-12 .. 1e-1 by default, e.g. "1e-9 1e-3": fewer runs; SENS_K: the case,
+#              multi-image by default; automodel-shipped's released thresholds replicate it, tokens-2048 they shard)
+#                                                               -> sensitivity-DTYPE.txt, .json (-SENS_K: another case)
 #   faults     what a faulted case costs over a passing one (vdpcp bench faults)    -> bench-faults.json
 #   ab         the A/B, flag on against off, CP 2 sharing the GPU, bf16, ViT-L-sized  -> ab.txt, ab.json, ab.png
 #   memory     busiest-rank memory and time of encode+project, sharded vs unsharded
@@ -127,14 +128,15 @@ real-mutants() {
     took $?; grep "mutants of" "$out/real-mutants.txt" | tail -1
 }
 
-sensitivity() {
+sensitivity() {  # a case other than multi-image is written under its own name
     local dtype=${SENS_DTYPE:-bfloat16}
-    step "VDPCP_DEVICE=cuda vdpcp bench sensitivity --tower real --cp 2 --dtype $dtype --backend gloo"
-    VDPCP_DEVICE=cuda timeout "${REAL_S:-560}" python3 -m vdpcp bench sensitivity --tower real --cp 2 --dtype "$dtype" -k multi-image \
-        --backend gloo --mutant scale-rank-features scale-rank-grad nudge-token ${REAL_IMPL:+--impl $REAL_IMPL} \
-        ${SENS_GRID:+--grid $SENS_GRID} \
-        --json "$out/sensitivity-$dtype.json" >"$out/sensitivity-$dtype.txt" 2>&1
-    took $?; tail -14 "$out/sensitivity-$dtype.txt"
+    local name=sensitivity-$dtype${SENS_K:+-$SENS_K}
+    step "VDPCP_DEVICE=cuda vdpcp bench sensitivity --tower real --cp 2 --dtype $dtype -k ${SENS_K:-multi-image} --backend gloo"
+    VDPCP_DEVICE=cuda timeout "${REAL_S:-560}" python3 -m vdpcp bench sensitivity --tower real --cp 2 --dtype "$dtype" \
+        -k "${SENS_K:-multi-image}" --backend gloo --mutant scale-rank-features scale-rank-grad nudge-token \
+        ${REAL_IMPL:+--impl $REAL_IMPL} ${SENS_GRID:+--grid $SENS_GRID} \
+        --json "$out/$name.json" >"$out/$name.txt" 2>&1
+    took $?; tail -14 "$out/$name.txt"
 }
 
 faults() {  # no preload (the harness before it preloaded on GPUs) against the case imports preloaded, workers
