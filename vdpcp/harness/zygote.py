@@ -104,8 +104,8 @@ def main(argv: list[str]) -> None:
             if fd is sock:
                 try:
                     data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 1)
-                except ConnectionResetError:  # the caller died with a message of ours unread (Linux says reset)
-                    leave()
+                except ConnectionResetError:  # the caller died with a message of ours unread: closed all the same
+                    data = b""
                 if not data:  # the caller closed its end
                     leave()
                 _, rank, log_path, stack_path = pickle.loads(data)
