@@ -31,6 +31,35 @@ class ZygoteGone(RuntimeError):
 CUDA_DRIVER_THREAD = "cuda"  # the prefix of the CUDA driver's thread's OS name
 
 
+def zygote_command(fd: int, directory: Path, preload: tuple[str, ...],
+                   tolerate_threads: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+    """The zygote's command line and environment, given its end of the socket (fd) and the pool's folder: one
+    place, so a test that starts a zygote by hand starts it as the pool does (on a GPU machine: --cuda and the
+    CUDA driver's thread tolerated)."""
+    env = dict(os.environ, **_ONE_THREAD, VDPCP_HARNESS_WORKER="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p))
+    # A preloaded module that asks torch.cuda.is_available() at import (megatron-core does) then asks NVML, not
+    # the CUDA runtime: the runtime's device count registers torch's fork handler, which marks every worker
+    # forked later unable to use CUDA. torch documents the NVML check as fork-safe; workers see the caller's
+    # environment again from their first case. On a machine without NVML torch falls back to the runtime.
+    env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    argv = [sys.executable, "-m", "vdpcp.harness.zygote", str(fd), str(os.getpid()), str(directory)]
+    if threading.current_thread() is threading.main_thread():
+        argv.append("--deathsig")
+    if preload:
+        argv.append(f"--preload={','.join(preload)}")
+    if config.cuda_device_count() > 0:
+        # Where CUDA is visible, torch's NVML-based device count (torch.utils.cpp_extension, megatron-core, at
+        # import) leaves the CUDA driver's own thread behind (named cuda000018...). Measured on the H200
+        # (reports/gpu/README.md): children forked after it run CUDA tensor ops, gloo with CUDA
+        # tensors and NCCL. So it is tolerated there, and the zygote proves each start's forks usable (--cuda).
+        tolerate_threads = tuple(dict.fromkeys((*tolerate_threads, CUDA_DRIVER_THREAD)))
+        argv.append("--cuda")
+    if tolerate_threads:
+        argv.append(f"--tolerate-threads={','.join(tolerate_threads)}")
+    return argv, env
+
+
 class Zygote:
     """The pool's forking server (see zygote.py); its output goes to DIR/zygote.log."""
 
@@ -39,27 +68,7 @@ class Zygote:
         self.log_path = directory / "zygote.log"
         self.preload, self.tolerate_threads = preload, tolerate_threads
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = dict(os.environ, **_ONE_THREAD, VDPCP_HARNESS_WORKER="1", PYTHONUNBUFFERED="1",
-                   PYTHONPATH=os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p))
-        # A preloaded module that asks torch.cuda.is_available() at import (megatron-core does) then asks NVML, not
-        # the CUDA runtime: the runtime's device count registers torch's fork handler, which marks every worker
-        # forked later unable to use CUDA. torch documents the NVML check as fork-safe; workers see the caller's
-        # environment again from their first case. On a machine without NVML torch falls back to the runtime.
-        env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-        argv = [sys.executable, "-m", "vdpcp.harness.zygote", str(theirs.fileno()), str(os.getpid()), str(directory)]
-        if threading.current_thread() is threading.main_thread():
-            argv.append("--deathsig")
-        if preload:
-            argv.append(f"--preload={','.join(preload)}")
-        if config.cuda_device_count() > 0:
-            # Where CUDA is visible, torch's NVML-based device count (torch.utils.cpp_extension, megatron-core, at
-            # import) leaves the CUDA driver's own thread behind (named cuda000018...). Measured on the H200
-            # (reports/gpu/README.md): children forked after it run CUDA tensor ops, gloo with CUDA
-            # tensors and NCCL. So it is tolerated there, and the zygote proves each start's forks usable (--cuda).
-            tolerate_threads = tuple(dict.fromkeys((*tolerate_threads, CUDA_DRIVER_THREAD)))
-            argv.append("--cuda")
-        if tolerate_threads:
-            argv.append(f"--tolerate-threads={','.join(tolerate_threads)}")
+        argv, env = zygote_command(theirs.fileno(), directory, preload, tolerate_threads)
         with open(self.log_path, "ab") as log, theirs:
             self.process = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                             stdout=log, stderr=subprocess.STDOUT, env=env)
