@@ -110,6 +110,9 @@ REAL_SCENARIOS: tuple[Scenario, ...] = (
              zigzag=True, layouts=True),
     Scenario("multi-image", _real("multi-image", [[1344, 448], [448, 448], [448, 672], [336, 448]], seed=6), REAL_CPS),
     Scenario("multi-image", _real("mixed-sizes", [[462, 658], [224, 896], [896, 224], [434, 434]], seed=7), REAL_CPS),
+    # Thirty-two 224 px images, 8192 patches, 2048 merged tokens: at automodel-shipped's released thresholds (2048
+    # tokens, 32 frames), so its sharded path runs at the size people train too (it replicates every other real row).
+    Scenario("multi-image", _real("multi-image-32", [[224, 224]] * 32, seed=18), REAL_CPS),
     # A ragged video, then a short one: an even split of the frames lands inside a tubelet at CP 2 and 4.
     Scenario("tubelets", _real("video-and-images", [[448, 448]] + _video([336, 448], 5) + _video([336, 448], 2),
                                frames=[1, 5, 2], T=2, seed=14), REAL_CPS),

@@ -29,3 +29,28 @@ def test_a_grid_of_two_sizes_runs_those_two_alone(on_the_cpu):
     row = bisect(case, "scale-rank-features", timeout=None, grid=(1e-9, 1e-3))
     assert set(row["runs"]) == {"1e-09", "0.001"}, row["runs"]
     assert (row["smallest"]["exact"], row["smallest"]["outputs"], row["largest"]) == (1e-9, 1e-3, 1e-3), row
+
+
+def test_automodel_shipped_is_measured_on_the_real_case_its_released_thresholds_shard():
+    """Its released thresholds replicate multi-image at both sizes (no rank holds sharded features to perturb); at
+    the real size the same -k finds multi-image-32, past them; at the toy size nothing with that name is sharded."""
+    assert chosen("automodel-shipped", 2, "real", "multi-image", "bfloat16", "gloo").spec.name == "multi-image-32"
+    assert chosen("automodel", 2, "real", "multi-image", "bfloat16", "gloo").spec.name == "multi-image"
+    assert chosen("automodel-shipped", 2, "toy", "multi-image", "float64", "gloo") is None
+    assert chosen("automodel-shipped", 2, "toy", "tokens-2048", "float64", "gloo").spec.name == "automodel-shipped-tokens-2048"
+
+
+@pytest.mark.distributed
+def test_a_subject_without_a_case_it_shards_is_said_and_a_k_matching_nothing_is_one_usage_error(capsys, on_the_cpu):
+    from vdpcp.cli import main
+
+    argv = ["bench", "sensitivity", "--impl", "reference", "automodel-shipped", "--mutant", "scale-rank-features",
+            "--grid", "1e-3", "--backend", "gloo"]
+    assert main([*argv, "-k", "eight-equal"]) == 0
+    out = capsys.readouterr().out
+    assert "automodel-shipped float64 toy CP 2: no plain case it shards has 'eight-equal' in its id" in out, out
+    assert "reference float64 toy CP 2  scale-rank-features:" in out and "1 thresholds in" in out, out
+    assert main([*argv, "-k", "no-such-case"]) == 2
+    (error,) = capsys.readouterr().err.strip().splitlines()
+    assert error == ("vdpcp bench: -k no-such-case: no plain sharded case of reference, automodel-shipped at CP 2 "
+                     "(toy tower) that the implementation shards has it in its id"), error

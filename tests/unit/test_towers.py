@@ -84,3 +84,12 @@ def test_a_real_size_case_on_the_cpu_is_refused_up_front_naming_what_overrides_i
 def test_a_size_an_implementation_does_not_come_in_is_one_usage_error(capsys):
     assert main(["check", "--tower", "72b", "--impl", "qwen2_5_vl", "--list"]) == 2
     assert capsys.readouterr().err.strip() == "vdpcp check: --tower 72b: qwen2_5_vl comes in real, toy"
+
+
+def test_automodel_shipped_shards_one_real_microbatch_at_its_released_thresholds():
+    """Its released thresholds (2048 merged tokens, 32 frames) replicate every other real-size row, so without this
+    one the size people train never ran its sharded path (on the H200 every automodel-shipped case was replicated)."""
+    shipped = resolve("automodel-shipped")
+    sharded = {c.spec.name for c in scenarios.matrix(cps=(2, 4), impls=("automodel-shipped",), tower="real")
+               if c.config.shard_vision and shipped.replicated(c.spec, c.config) is None}
+    assert sharded == {"multi-image-32"}
