@@ -22,8 +22,8 @@
 #              sharing the GPU, a rank's features and its gradient x (1 + eps), one token + eps x its norm
 #              (vdpcp bench sensitivity; SENS_DTYPE: bfloat16 by default, float32 the other run; SENS_GRID: the
 #              sizes, every power of ten 1e-12 .. 1e-1 by default, e.g. "1e-9 1e-3": fewer runs; SENS_K: the case,
-#              multi-image by default; automodel-shipped has no sharded case at the real size: its released
-#              thresholds replicate every one)
+#              multi-image by default: for automodel-shipped, whose released thresholds replicate multi-image,
+#              that finds multi-image-32)
 #                                                               -> sensitivity-DTYPE.txt, .json (-SENS_K: another case)
 #   faults     what a faulted case costs over a passing one (vdpcp bench faults)    -> bench-faults.json
 #   ab         the A/B, flag on against off, CP 2 sharing the GPU, bf16, ViT-L-sized  -> ab.txt, ab.json, ab.png
