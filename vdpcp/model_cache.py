@@ -82,7 +82,10 @@ def _entry(model: torch.nn.Module) -> Entry:
 
 
 def fingerprint(model: torch.nn.Module) -> torch.Tensor:
-    """One integer per parameter and buffer: the sum of its bit patterns (any changed bit changes it)."""
+    """One integer per parameter and buffer: the wrapping sum of its elements' bit patterns, each hashed with its
+    position, so a changed bit changes it but by a chance of 2^-64. A plain sum of the bit patterns missed changes
+    whose deltas cancel: +1e-12 on a float64 bias of three elements left it equal for 27 of 3000 seeds (0.12
+    goes up 72058 units in the last place, two of -0.15 down 36029 each)."""
     sums = [_bits(t) for t in _state(model).values()]
     return torch.stack(sums).cpu() if sums else torch.zeros(0, dtype=torch.int64)
 
@@ -103,7 +106,34 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     t = t.detach()
     if t.is_complex():  # its real and imaginary parts, each as bits (a cast to real would drop the imaginary)
         t = torch.view_as_real(t)
-    return t.contiguous().view(_INTS[t.element_size()]).sum(dtype=torch.int64)
+    flat = t.contiguous().view(_INTS[t.element_size()]).reshape(-1)
+    total = torch.zeros((), dtype=torch.int64, device=t.device)
+    step = _HASH_CHUNK.get(t.device.type, _HASH_CHUNK["cuda"])
+    for start in range(0, flat.numel(), step):  # chunks: the hash's int64 temporaries stay small
+        bits = flat[start:start + step].to(torch.int64)
+        where = torch.arange(start, start + bits.numel(), dtype=torch.int64, device=t.device)
+        total += _mix(bits + where * _GOLDEN).sum()
+    return total
+
+
+# Elements a step. On a CPU chunks that stay in cache: a 16.8M-parameter Linear took 0.074 s at 2^16, 0.68 s at
+# 2^22 (the plain sum 0.053 s; measured on this 2-core machine). On a GPU fewer, larger steps, each a few kernel
+# launches (the real-size towers hold tens of millions of elements a tensor; not measured there yet).
+_HASH_CHUNK = {"cpu": 1 << 16, "cuda": 1 << 24}
+# splitmix64's constants as signed int64 (torch's integers are signed; its products wrap as unsigned ones would)
+_GOLDEN, _MIX1, _MIX2 = -0x61C8864680B583EB, -0x40A7B892E31B1A47, -0x6B2FB644ECCEEE15
+
+
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finalizer, elementwise: each input bit flips about half the output bits."""
+    z = (z ^ _shr(z, 30)) * _MIX1
+    z = (z ^ _shr(z, 27)) * _MIX2
+    return z ^ _shr(z, 31)
+
+
+def _shr(z: torch.Tensor, k: int) -> torch.Tensor:
+    """A logical right shift (torch's >> is arithmetic on signed integers)."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
 
 
 def _evict() -> None:
