@@ -300,3 +300,27 @@ def test_the_fingerprint_reads_every_chunk_of_a_tensor_larger_than_one(monkeypat
     with torch.no_grad():
         layer.weight.view(-1)[13] += 1e-9
     assert not torch.equal(model_cache.fingerprint(layer), before)
+
+
+_M64 = (1 << 64) - 1
+
+
+def _splitmix64_finalizer(z: int) -> int:
+    """splitmix64's finalizer on unsigned 64-bit ints, as its definition states it (Steele, Lea and Flood, 2014)."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def test_the_fingerprint_is_the_sum_of_splitmix64_over_bits_and_position_as_documented(monkeypatch):
+    """Against a pure-Python statement of it, over two chunks: each element's bits (sign-extended) plus its index
+    times the golden-ratio constant, hashed, summed modulo 2^64."""
+    monkeypatch.setitem(model_cache._HASH_CHUNK, "cpu", 4)
+    values = torch.tensor([0.0, -0.0, 1.5, -2.25, 3e-300, -7.0, 0.1], dtype=torch.float64)
+    bits = values.view(torch.int64).tolist()
+    expected = sum(_splitmix64_finalizer((b + i * 0x9E3779B97F4A7C15) & _M64) for i, b in enumerate(bits)) & _M64
+    assert model_cache._bits(values).item() & _M64 == expected
+    halves = torch.tensor([-1.0, 2.0, -0.5], dtype=torch.bfloat16)  # 16-bit patterns, negative ones sign-extended
+    wide = [b & _M64 for b in halves.view(torch.int16).tolist()]
+    expected = sum(_splitmix64_finalizer((b + i * 0x9E3779B97F4A7C15) & _M64) for i, b in enumerate(wide)) & _M64
+    assert model_cache._bits(halves).item() & _M64 == expected
