@@ -324,3 +324,10 @@ def test_the_fingerprint_is_the_sum_of_splitmix64_over_bits_and_position_as_docu
     wide = [b & _M64 for b in halves.view(torch.int16).tolist()]
     expected = sum(_splitmix64_finalizer((b + i * 0x9E3779B97F4A7C15) & _M64) for i, b in enumerate(wide)) & _M64
     assert model_cache._bits(halves).item() & _M64 == expected
+
+
+def test_every_devices_hash_step_is_a_positive_count_and_a_gpus_the_larger():
+    """A step of 0 would make range() raise on the GPU alone (the CPU suite never reads the GPU's); a GPU takes
+    the larger steps, each a few kernel launches."""
+    steps = model_cache._HASH_CHUNK
+    assert all(isinstance(n, int) and n >= 1 for n in steps.values()) and steps["cuda"] > steps["cpu"], steps
