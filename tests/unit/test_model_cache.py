@@ -316,14 +316,14 @@ def test_the_fingerprint_is_the_sum_of_splitmix64_over_bits_and_position_as_docu
     """Against a pure-Python statement of it, over two chunks: each element's bits (sign-extended) plus its index
     times the golden-ratio constant, hashed, summed modulo 2^64."""
     monkeypatch.setitem(model_cache._HASH_CHUNK, "cpu", 4)
+
+    def stated(bits: list[int]) -> int:
+        return sum(_splitmix64_finalizer((b + i * 0x9E3779B97F4A7C15) & _M64) for i, b in enumerate(bits)) & _M64
+
     values = torch.tensor([0.0, -0.0, 1.5, -2.25, 3e-300, -7.0, 0.1], dtype=torch.float64)
-    bits = values.view(torch.int64).tolist()
-    expected = sum(_splitmix64_finalizer((b + i * 0x9E3779B97F4A7C15) & _M64) for i, b in enumerate(bits)) & _M64
-    assert model_cache._bits(values).item() & _M64 == expected
+    assert model_cache._bits(values).item() & _M64 == stated(values.view(torch.int64).tolist())
     halves = torch.tensor([-1.0, 2.0, -0.5], dtype=torch.bfloat16)  # 16-bit patterns, negative ones sign-extended
-    wide = [b & _M64 for b in halves.view(torch.int16).tolist()]
-    expected = sum(_splitmix64_finalizer((b + i * 0x9E3779B97F4A7C15) & _M64) for i, b in enumerate(wide)) & _M64
-    assert model_cache._bits(halves).item() & _M64 == expected
+    assert model_cache._bits(halves).item() & _M64 == stated(halves.view(torch.int16).tolist())
 
 
 def test_every_devices_hash_step_is_a_positive_count_and_a_gpus_the_larger():
