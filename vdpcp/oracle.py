@@ -50,6 +50,7 @@ import torch
 from vdpcp import budget, comm, gloo_collectives, model_cache, precision, regrouped, sketch
 from vdpcp.case import Case, RankResult
 from vdpcp.harness.turns import turn
+from vdpcp.harness.worker import setting_up
 from vdpcp.layout import zigzag_positions
 from vdpcp.protocol import OutputsError, outputs_of
 from vdpcp.tensor_parallel import held_part
@@ -87,7 +88,8 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
     result = RankResult(ctx.rank, groups.cp_rank, backend=ctx.backend, device=str(device),
                         precision=precision.in_effect(dtype, device))
     clock, memory = Clock(result), Memory(device)
-    model, result.model = model_cache.acquire(impl, case.impl, case, dtype, device)
+    with setting_up():  # a rank building its model (or first using its GPU) is behind its peers, not hung
+        model, result.model = model_cache.acquire(impl, case.impl, case, dtype, device)
     clock.lap("build")
     try:
         with regrouped.deterministic(device, result, model):

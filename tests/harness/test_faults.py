@@ -11,7 +11,7 @@ import pytest
 import torch.distributed as dist
 
 from tests.harness.processes import alive
-from vdpcp.harness import RankFailure, run_ranks
+from vdpcp.harness import RankFailure, run_ranks, setting_up
 from vdpcp.harness.process import WorkerProcess
 
 GENEROUS_TIMEOUT = 60.0  # faults below must be reported long before it: they are noticed, not timed out
@@ -65,6 +65,33 @@ def test_a_peer_stuck_after_the_failed_rank_costs_at_most_that_long_again():
     took = time.monotonic() - start
     waited = re.match(r"hung: still running ([0-9.]+) s after rank 0 raised", failure.value.failures[1])
     assert waited and float(waited[1]) >= 0.6, failure.value.failures
+    assert took < NOTICED_WITHIN_S, took
+
+
+def raise_after_set_up(ctx, set_up, then):
+    """Rank 0 raises at once; rank 1 sets up for ``set_up`` s, then raises the same error or sleeps ``then`` s."""
+    if ctx.rank == 1:
+        with setting_up():
+            time.sleep(set_up)
+        time.sleep(then)
+    raise ValueError(f"rank {ctx.rank}: the documented error")
+
+
+def test_a_peer_still_setting_up_when_its_peer_raised_is_behind_not_hung():
+    # On the H200 at -n 16: the two ranks with their model cached raised at once, the two building theirs (their CUDA
+    # context on a loaded machine) were still at it 3 s later, longer than the raised ranks had run.
+    with pytest.raises(RankFailure) as failure:
+        run_ranks(raise_after_set_up, 2, 1.5, 0.0, timeout=GENEROUS_TIMEOUT, fault_grace=0.1)
+    assert "rank 1 raised ValueError: rank 1: the documented error" in str(failure.value), failure.value.failures
+
+
+def test_a_peer_stuck_after_its_set_up_is_hung_its_grace_after_it():
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as failure:
+        run_ranks(raise_after_set_up, 2, 1.0, 600.0, timeout=GENEROUS_TIMEOUT, fault_grace=0.1)
+    took = time.monotonic() - start
+    waited = re.match(r"hung: still running ([0-9.]+) s after rank 0 raised", failure.value.failures[1])
+    assert waited and float(waited[1]) >= 1.0, failure.value.failures  # from the fault: its set-up, then its grace
     assert took < NOTICED_WITHIN_S, took
 
 

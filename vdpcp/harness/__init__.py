@@ -16,7 +16,8 @@ world size asked for, their process group kept across cases of one world size (p
 starts with torch seeded CASE_SEED + rank and MCore's parallel state released (state.py).
 
 A rank that raises, dies or hangs fails the case with a RankFailure naming every failing rank with its
-traceback or stack; the workers are replaced before the next case, unless every rank returned (raised
+traceback or stack (a rank inside ``setting_up()``, building its model, say, is not yet counted as
+hung); the workers are replaced before the next case, unless every rank returned (raised
 or not) and a short check finds their process groups sound (soundness.py). pytest.skip/xfail in a rank
 skips/xfails the caller. Defaults (config.py): backend auto (NCCL with a GPU per rank, else gloo),
 timeout 120 s, set by configure(), the pytest plugin's options or VDPCP_BACKEND / VDPCP_TIMEOUT /
@@ -28,5 +29,6 @@ from vdpcp.harness.config import configure
 from vdpcp.harness.context import RankContext
 from vdpcp.harness.errors import BackendUnavailable, RankFailure
 from vdpcp.harness.run import run_ranks, shutdown
+from vdpcp.harness.worker import setting_up
 
-__all__ = ["BackendUnavailable", "RankContext", "RankFailure", "configure", "run_ranks", "shutdown"]
+__all__ = ["BackendUnavailable", "RankContext", "RankFailure", "configure", "run_ranks", "setting_up", "shutdown"]

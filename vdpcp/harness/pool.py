@@ -23,7 +23,7 @@ from vdpcp.harness import soundness
 from vdpcp.harness.errors import RankFailure
 from vdpcp.harness.outcome import DIED, FAULTS, HUNG, OK, RAISED, Outcome
 from vdpcp.harness.process import WorkerProcess, Zygote, ZygoteGone, describe_exit
-from vdpcp.harness.protocol import READY, Case, GroupSpec
+from vdpcp.harness.protocol import READY, SET_UP, SETTING_UP, Case, GroupSpec
 
 STARTUP_TIMEOUT_S = 120.0  # the zygote's torch import; forking a worker takes milliseconds
 FAULT_GRACE_S = 3.0  # default: after one rank fails, the least time the others get to finish before their stacks are taken
@@ -175,29 +175,44 @@ class WorkerPool:
     def _collect(self, workers: list[WorkerProcess], timeout: float, grace: float, stacks: bool = True) -> list[Outcome]:
         """Wait for every rank's outcome; stop early once a rank failed and the others had their grace.
 
-        The grace is at least as long as the failed rank had run: a peer merely behind it (still building its model
-        while a loaded machine's other processes create CUDA contexts, as on the H200 with the suite at -n 16) reaches
-        the same point in about that time, and a peer stuck on the failed one costs at most that long again.
+        The grace is at least as long as the failed rank had run: a peer merely behind it reaches the same point in
+        about that time, and a peer stuck on the failed one costs at most that long again. A peer still in a
+        stretch its case marked as set-up (worker.setting_up: building its model, creating its CUDA context) is
+        behind whatever its grace: it gets its grace from when that stretch ends (measured on the H200 at -n 16:
+        two ranks with their model cached raised at once, the two building theirs were still at it 3 s later).
         """
         pending = {w.rank: w for w in workers}
         outcomes: dict[int, Outcome] = {}
+        setting_up: set[int] = set()
         started = time.monotonic()
         cutoff = deadline = started + timeout
-        late = f"hung: still running at the {timeout:g} s timeout"
-        while pending and time.monotonic() < cutoff:
-            wait([x for w in pending.values() for x in w.waitables()], timeout=cutoff - time.monotonic())
+        fault = None  # (when, the grace given, what failed)
+        while pending and time.monotonic() < (deadline if setting_up else cutoff):
+            limit = deadline if setting_up else cutoff
+            wait([x for w in pending.values() for x in w.waitables()], timeout=limit - time.monotonic())
             for rank, w in list(pending.items()):
                 outcome = w.poll()
+                while outcome in (SETTING_UP, SET_UP):
+                    if outcome == SETTING_UP:
+                        setting_up.add(rank)
+                    else:
+                        setting_up.discard(rank)
+                        if fault:
+                            cutoff = min(deadline, max(cutoff, time.monotonic() + fault[1]))
+                    outcome = w.poll()
                 if outcome is None:
                     continue
                 outcomes[rank] = outcome
                 del pending[rank]
-                if outcome.kind in FAULTS and cutoff == deadline:
+                setting_up.discard(rank)
+                if outcome.kind in FAULTS and fault is None:
                     now = time.monotonic()
-                    given = max(grace, now - started)
-                    cutoff = min(deadline, now + given)
-                    waited = f"{given:.1f}".removesuffix(".0")
-                    late = f"hung: still running {waited} s after rank {rank} {outcome.summary}"
+                    fault = (now, max(grace, now - started), f"rank {rank} {outcome.summary}")
+                    cutoff = min(deadline, now + fault[1])
+        late = f"hung: still running at the {timeout:g} s timeout"
+        if fault and time.monotonic() < deadline:
+            waited = f"{cutoff - fault[0]:.1f}".removesuffix(".0")
+            late = f"hung: still running {waited} s after {fault[2]}"
         late_stacks = _stacks(list(pending.values())) if stacks else {rank: "" for rank in pending}
         for rank, stack in late_stacks.items():
             outcomes[rank] = Outcome(rank, HUNG, summary=late, detail=stack)

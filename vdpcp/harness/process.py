@@ -14,7 +14,7 @@ from pathlib import Path
 import vdpcp
 from vdpcp.harness import config
 from vdpcp.harness.outcome import DIED, RAISED, Outcome
-from vdpcp.harness.protocol import READY, Case
+from vdpcp.harness.protocol import READY, SET_UP, SETTING_UP, Case
 
 _PACKAGE_ROOT = str(Path(vdpcp.__file__).resolve().parents[1])
 # TORCHINDUCTOR_COMPILE_THREADS: torch 2.6's inductor, which megatron-core's parallel_state imports, warms a
@@ -176,13 +176,13 @@ class WorkerProcess:
             pass  # it is dead; poll() reports how
 
     def poll(self) -> Outcome | bytes | None:
-        """Its next message (an Outcome, or READY), a DIED Outcome, or None while it works."""
+        """Its next message (an Outcome, READY, SETTING_UP or SET_UP), a DIED Outcome, or None while it works."""
         if self.conn.poll():
             try:
                 data = self.conn.recv_bytes()
             except (EOFError, ConnectionResetError):  # reset: it died with a message of ours still unread
                 return self._death()
-            if data == READY:
+            if data in (READY, SETTING_UP, SET_UP):
                 return data
             try:
                 return pickle.loads(data)

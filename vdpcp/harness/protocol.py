@@ -1,12 +1,14 @@
 """The messages between the caller's process and its warm workers, pickled over one socket each.
 
 caller -> worker: a Case to run, or None to exit. worker -> caller: READY once torch is imported, then
-one pickled Outcome per Case.
+one pickled Outcome per Case, before it SETTING_UP and SET_UP around each stretch the case body marks as its
+set-up (worker.setting_up).
 """
 
 from dataclasses import dataclass
 
 READY = b"ready"
+SETTING_UP, SET_UP = b"setting up", b"set up"
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,12 @@ import signal
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from multiprocessing.connection import Connection
 
 from vdpcp.harness import state
 from vdpcp.harness.outcome import capture, pickled
-from vdpcp.harness.protocol import READY, Case
+from vdpcp.harness.protocol import READY, SET_UP, SETTING_UP, Case
 
 PR_SET_NAME, PR_SET_PDEATHSIG = 15, 1
 # gloo connects a group's peers at its first collective instead of all of them when the group is made (torch's
@@ -26,6 +27,7 @@ PR_SET_NAME, PR_SET_PDEATHSIG = 15, 1
 # makes about 20 groups a case and its vision path uses two: the eager full mesh was most of an MCore case's time
 # here, waiting, not computing (a CP 4 case's groups 205 -> 76 ms; the matrix 74 -> 59 s). A caller's value wins.
 RANK_DEFAULTS = {"TORCH_GLOO_LAZY_INIT": "1"}
+_conn: Connection | None = None  # to the caller, in a worker; None elsewhere (the caller's own process, torchrun)
 
 
 def serve(fd: int, rank: int, log_path: str, stack_path: str, zygote_pid: int) -> None:
@@ -40,7 +42,8 @@ def serve(fd: int, rank: int, log_path: str, stack_path: str, zygote_pid: int) -
     faulthandler.register(signal.SIGUSR1, stacks, all_threads=True)
     state.remember_fresh()
 
-    conn = Connection(fd)
+    global _conn
+    conn = _conn = Connection(fd)
     conn.send_bytes(READY)
     while True:
         try:
@@ -75,6 +78,23 @@ def call(case: Case):
                       turns.shared(backend, device, case.group.world_size))
     with state.clean_case(case.rank):
         return fn(ctx, *args, **kwargs)
+
+
+@contextmanager
+def setting_up():
+    """Mark the block as this rank's set-up: building its model, its device's first use, imports. A rank still
+    setting up when a peer fails is behind, not hung: the caller's grace for it starts when the block ends (the
+    case's timeout still bounds it). Set-up differs most between ranks when some are warm and some are not (a
+    model cached on two ranks, built on the other two, each creating its CUDA context on a loaded machine), so
+    no grace measured from the failed rank covers it. Outside a pool's worker it does nothing."""
+    if _conn is None:
+        yield
+        return
+    _conn.send_bytes(SETTING_UP)
+    try:
+        yield
+    finally:
+        _conn.send_bytes(SET_UP)
 
 
 def adopt_caller(case: Case) -> None:
