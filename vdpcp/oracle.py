@@ -87,7 +87,7 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
     dtype, device = DTYPES[case.dtype], ctx.device
     result = RankResult(ctx.rank, groups.cp_rank, backend=ctx.backend, device=str(device),
                         precision=precision.in_effect(dtype, device))
-    clock, memory = Clock(result), Memory(device)
+    clock, memory = Clock(result, device), Memory(device)
     with setting_up():  # a rank building its model (or first using its GPU) is behind its peers, not hung
         model, result.model = model_cache.acquire(impl, case.impl, case, dtype, device)
     clock.lap("build")
@@ -766,15 +766,24 @@ def _param_grads(model, loss: torch.Tensor) -> list[torch.Tensor]:
 
 class Clock:
     """Seconds per phase of a case on this rank (build, unsharded, exact, sharded, gradients: their sums over ranks
-    and comparison), into ``result.seconds``."""
+    and comparison), into ``result.seconds``. On CUDA each lap waits for the device first: kernels run after the
+    host queued them, so an unsynchronised lap bills a phase's GPU work to whichever later phase first waits for
+    a result (on the H200 in float32, the exact run, which runs without deterministic algorithms, read 1.25 s or
+    5.35 s by whether the arms before it ran under them: unsynchronised, the phases could not say which was slow)."""
 
-    def __init__(self, result: RankResult):
-        self.result, self.last = result, time.perf_counter()
+    def __init__(self, result: RankResult, device: torch.device | None = None):
+        self.result, self.device = result, device
+        self.last = self._now()
 
     def lap(self, phase: str) -> None:
-        now = time.perf_counter()
+        now = self._now()
         self.result.seconds[phase] = round(now - self.last, 4)
         self.last = now
+
+    def _now(self) -> float:
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
 
 class Memory:

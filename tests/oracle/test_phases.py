@@ -47,6 +47,16 @@ def test_each_phase_is_timed_from_the_last_to_a_tenth_of_a_millisecond(monkeypat
     assert result.seconds == {"build": pytest.approx(1.2346, abs=1e-9), "unsharded": pytest.approx(0.2654, abs=1e-9)}
 
 
+@pytest.mark.parametrize("device, waits", [(torch.device("cuda:1"), True), (torch.device("cpu"), False), (None, False)])
+def test_on_cuda_each_lap_waits_for_the_device_before_it_reads_the_time(monkeypatch, device, waits):
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d: events.append(("sync", d)))
+    monkeypatch.setattr(oracle.time, "perf_counter", lambda: events.append("time") or float(len(events)))
+    clock = oracle.Clock(RankResult(0), device)
+    clock.lap("unsharded")
+    assert events == ([("sync", device), "time"] * 2 if waits else ["time"] * 2)
+
+
 def test_a_rank_reports_the_bytes_it_held_and_none_for_an_arm_that_never_ran():
     model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.BatchNorm1d(2)).double()
     held = 14 * 8 + 4 * 8 + 8  # 14 parameters; running mean and variance (float64), the batch count (int64)
