@@ -87,8 +87,8 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
     dtype, device = DTYPES[case.dtype], ctx.device
     result = RankResult(ctx.rank, groups.cp_rank, backend=ctx.backend, device=str(device),
                         precision=precision.in_effect(dtype, device))
-    clock, memory = Clock(result, device), Memory(device)
-    with setting_up():  # a rank building its model (or first using its GPU) is behind its peers, not hung
+    with setting_up():  # a rank first using its GPU (Memory, Clock) or building its model is behind, not hung
+        clock, memory = Clock(result, device), Memory(device)
         model, result.model = model_cache.acquire(impl, case.impl, case, dtype, device)
     clock.lap("build")
     try:
