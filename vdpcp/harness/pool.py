@@ -187,8 +187,7 @@ class WorkerPool:
         started = time.monotonic()
         cutoff = deadline = started + timeout
         fault = None  # (when, the grace given, what failed)
-        while pending and time.monotonic() < (deadline if setting_up else cutoff):
-            limit = deadline if setting_up else cutoff
+        while pending and time.monotonic() < (limit := deadline if setting_up else cutoff):
             wait([x for w in pending.values() for x in w.waitables()], timeout=limit - time.monotonic())
             for rank, w in list(pending.items()):
                 outcome = w.poll()
