@@ -93,9 +93,9 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
     clock.lap("build")
     try:
         with regrouped.deterministic(device, result, model):
-            with _turns(ctx, case, result):
+            with _turns(ctx, case, result):  # a rank taking its turn alone shares no exact run with the others
                 unsharded = _unsharded(impl, case, model, replica_spec(case, groups.dp_rank), result, groups.cp_rank,
-                                       device, clock)
+                                       device, clock, group=None if result.turns else groups.cp)
                 _give_back(ctx)
             memory.phase("unsharded peak")
             if unsharded is not None:
@@ -131,12 +131,14 @@ def _turns(ctx, case: Case, result: RankResult):
     return turn(ctx.device)
 
 
-def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, device, clock) -> Unsharded | None:
+def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, device, clock,
+               group=None) -> Unsharded | None:
     """The unsharded arm, forward and backward, then its gradients set aside and its rounding measured.
 
     If the unsharded encoder raises, every rank raises alike before any collective (no rank hangs) and the case
     is unsharded_error, not a sharding failure. It finishes, backward too, before the sharded run: collectives
-    inside a model (a tensor-parallel tower) then never interleave with the sharded run's."""
+    inside a model (a tensor-parallel tower) then never interleave with the sharded run's. ``group``: the CP group
+    its rounding measurement may be shared out over (precision.Share; None: this rank measures it whole)."""
     batch = spec.tensors(dtype=DTYPES[case.dtype], device=device)
     batch.patches.requires_grad_(True)
     refused = None
@@ -149,21 +151,21 @@ def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, 
             refused = err
     if refused is not None:
         if regrouped.lacking(model, refused, result):  # an op with no deterministic kernel: again, allowed
-            return _unsharded(impl, case, model, spec, result, cp_rank, device, clock)
+            return _unsharded(impl, case, model, spec, result, cp_rank, device, clock, group)
         result.unsharded_error = f"{type(refused).__name__}: {refused}"
         return None
     try:
-        return _unsharded_rest(impl, case, model, spec, result, cp_rank, device, clock, batch, out, ran)
+        return _unsharded_rest(impl, case, model, spec, result, cp_rank, device, clock, batch, out, ran, group)
     except RuntimeError as err:  # its backward (or its measuring run) ran an op with no deterministic kernel
         if not regrouped.lacking(model, err, result):
             raise
         for p in model.parameters():
             p.grad = None
-        return _unsharded(impl, case, model, spec, result, cp_rank, device, clock)
+        return _unsharded(impl, case, model, spec, result, cp_rank, device, clock, group)
 
 
 def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: int, device, clock, batch, out,
-                    ran) -> Unsharded:
+                    ran, group) -> Unsharded:
     """The unsharded arm after its forward: the backward, its gradients set aside, its rounding measured."""
     dtype, config = DTYPES[case.dtype], case.config
     graph = {name: t.requires_grad for name, t in out.items()}
@@ -192,13 +194,23 @@ def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: 
     clock.lap("unsharded")
     if precision.low(dtype):
         with regrouped.relaxed():
-            alone = own_grads is not None  # the rank-alone check's own figure, and the chunks kept to one owner
+            kinds = own_media(plan, spec, cp_rank)  # chunks kept to one owner
+            share = _share(plan, kinds, gradients, own_grads, group, cp_rank)
             rounding = precision.measure(impl, model, batch, out, grads, own_grads, summed,
-                                         own_weights if alone else None, gradients,
-                                         kinds=own_media(plan, spec, cp_rank) if alone else None)
+                                         own_weights if own_grads is not None else None, gradients,
+                                         kinds=kinds, share=share)
         clock.lap("exact")
     return Unsharded(batch, {n: t.detach() for n, t in out.items()}, grads, own_grads, ran.ran(), ran.untracked,
                      plan, weights, sharded, rounding, graph, gradients)
+
+
+def _share(plan, kinds, gradients: bool, own_grads, group, cp_rank: int) -> precision.Share | None:
+    """The rounding measurement shared out over the CP group (precision.Share), where the plan says whose every
+    media item is and, with gradients, this rank holds its own share's expectation: every rank of the group decides
+    alike (the same plan, case and group). None: this rank measures it whole."""
+    if group is None or kinds is None or (gradients and own_grads is None):
+        return None
+    return precision.Share(group, cp_rank, tuple(plan.owner), tuple(plan.tokens))
 
 
 def gradients_checked(impl, case: Case, out: dict[str, torch.Tensor], result: RankResult) -> bool:

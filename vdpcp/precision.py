@@ -30,7 +30,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import torch
+import torch.distributed as dist
 
+from vdpcp import comm, sketch
 from vdpcp.budget import EXACT_CHUNK
 from vdpcp.protocol import outputs_of
 
@@ -133,43 +135,138 @@ class Rounding:
     own_params: float = 0.0  # this rank's own share of them (the rank-alone check)
 
 
+@dataclass(frozen=True)
+class Share:
+    """This rank's part of an exact run shared out over its CP group: a sharded case with a plan, where every rank
+    would otherwise repeat the same exact run of the whole microbatch (on a GPU the ranks share, CP times the work).
+
+    Each rank runs only the chunks of the media it owns, whole or in part (the chunks' ``kinds``, "own" or
+    "mixed"), and the figures are summed over ``group``: each output row's and microbatch row's from the rank that
+    owns it, and the parameter gradients over every rank's own share (each row has one owner, so the shares add up
+    to the summed loss's gradient). ``owner``, ``tokens``: the plan's, per microbatch row (vdpcp.protocol.Ownership).
+    """
+
+    group: object
+    rank: int
+    owner: tuple[int, ...]
+    tokens: tuple[int, ...]
+
+    def own_rows(self, per_row: list[int], device) -> torch.Tensor:
+        """A mask over ``per_row[r]`` entries per microbatch row r (output tokens, or 1 a row): this rank's own."""
+        return torch.tensor([owner == self.rank for owner, n in zip(self.owner, per_row) for _ in range(n)],
+                            dtype=torch.bool, device=device)
+
+
 def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weights, grads: bool,
-            chunk: int | None = None, kinds=None) -> Rounding:
+            chunk: int | None = None, kinds=None, share: Share | None = None) -> Rounding:
     """The unsharded run once more in ``EXACT[dtype]``, on a copy of ``model`` made for it and freed after.
 
     ``ref_out``: the unsharded outputs; ``ref_grads``: its parameter gradients (one per parameter, in order) and
     ``batch.patches.grad`` its input gradient; ``own_grads``: the rank-alone expectation (None: not checked);
     ``weights``/``own_weights``: the loss weights they were taken under, by output name.
 
-    It runs ``chunk`` patches of whole media items at a time (default EXACT_CHUNK), their outputs concatenated and
-    their gradients summed: a tower encodes each image independently of every other (the premise of vision DP over
-    CP, which the matrix checks), and a higher precision has no batch effect worth the name, so this is the same
-    exact run with a fraction of its activations (a real-size tower's, in float64, would not fit beside the rest).
-    ``kinds`` (one per media item: whose it is) keeps items of different kinds in different chunks, so that most
-    chunks are wholly the rank's own or wholly not, and need one backward where a mixed one needs two (_backward).
+    It runs ``chunk`` patches of whole media items at a time (default EXACT_CHUNK), their gradients summed: a tower
+    encodes each image independently of every other (the premise of vision DP over CP, which the matrix checks),
+    and a higher precision has no batch effect worth the name, so this is the same exact run with a fraction of its
+    activations (a real-size tower's, in float64, would not fit beside the rest). ``kinds`` (one per media item:
+    whose it is) keeps items of different kinds in different chunks, so that most chunks are wholly the rank's own
+    or wholly not, and need one backward where a mixed one needs two (_backward). With ``share`` (and ``kinds``,
+    and ``own_weights`` where ``grads``) the CP ranks split the run between them (Share): a collective.
     """
+    if share is not None and (kinds is None or (grads and own_weights is None)):
+        raise ValueError("precision.measure: a shared exact run needs the media's kinds and, with gradients, the rank's "
+                         "own weights (its share of the summed loss)")
     hp = EXACT[batch.patches.dtype]
     exact = copy.deepcopy(model).to(hp)  # the same weights; model's gradients were set aside, so none are copied
     params = list(exact.parameters())
     patches = batch.patches.detach().to(hp).requires_grad_(grads)
-    parts, own, rest, start = [], [None] * len(params), [None] * len(params), 0
+    outputs = {name: torch.zeros(t.shape[0], dtype=torch.float64, device=t.device) for name, t in ref_out.items()}
+    own, rest, start = [None] * len(params), [None] * len(params), 0
+    failed = None
     with highest_precision(), torch.set_grad_enabled(grads):  # outputs only: no graph to keep
-        for sub in media_chunks(replace(batch, patches=patches), chunk or EXACT_CHUNK, kinds):
-            out = outputs_of(impl.encode(exact, impl.inputs(sub)), f"{impl.name}.encode")
-            rows = next(iter(out.values())).shape[0]
-            parts.append({name: t.detach() for name, t in out.items()})
-            if grads:
-                share = None if own_grads is None else _slice(own_weights, start, rows)
-                own, rest = _backward(params, out, _slice(weights, start, rows), share, own, rest, hp)
-            start += rows
-    out = {name: torch.cat([part[name] for part in parts]) for name in parts[0]} if parts else {}
-    outputs = {name: 2 * row_relative(ref_out[name], out[name]) for name in out if name in ref_out}
+        try:
+            for (kind, rows), sub in zip(_chunk_plan(batch.spec, chunk or EXACT_CHUNK, kinds, share),
+                                         media_chunks(replace(batch, patches=patches), chunk or EXACT_CHUNK, kinds)):
+                if share is not None and kind == "other":  # another rank's: it runs this chunk
+                    start += rows
+                    continue
+                out = outputs_of(impl.encode(exact, impl.inputs(sub)), f"{impl.name}.encode")
+                rows = next(iter(out.values())).shape[0]
+                for name, t in out.items():
+                    if name in outputs:
+                        outputs[name][start : start + rows] = 2 * row_relative(ref_out[name][start : start + rows], t)
+                if grads:
+                    part = None if own_weights is None else _slice(own_weights, start, rows)
+                    own, rest = _backward(params, out, _slice(weights, start, rows), part, own, rest, hp)
+                    if share is not None:
+                        rest = [None] * len(params)  # the other ranks' shares: each adds its own
+                start += rows
+        except Exception as err:  # shared: raised on every rank alike below, so no rank waits in a collective
+            if share is None:
+                raise
+            failed = err
+    if share is not None:
+        _raise_alike(share, failed, patches.device)
+    input_figure = 2 * segment_relative(_grad(batch.patches), _grad(patches), batch.cu_seqlens) if grads else None
+    if share is not None:
+        return _shared(share, outputs, input_figure, ref_grads, own_grads, own, params, grads)
     if not grads:
         return Rounding(outputs)
     summed = [r if o is None else o if r is None else r.add_(o) for o, r in zip(own, rest)]
     own_figure = 2 * relative(own_grads, own) if own_grads is not None else 0.0
-    return Rounding(outputs, 2 * segment_relative(_grad(batch.patches), _grad(patches), batch.cu_seqlens),
-                    2 * relative(ref_grads, summed), own_figure)
+    return Rounding(outputs, input_figure, 2 * relative(ref_grads, summed), own_figure)
+
+
+def _chunk_plan(spec, chunk: int, kinds, share: Share | None):
+    """(kind, output rows) of each chunk media_chunks makes; the rows from the plan where a chunk may be skipped
+    (``share``), else None (counted from its outputs)."""
+    groups = spec.media_groups(chunk, kinds) if spec.media_frames else [(0, 0)]
+    for m0, m1 in groups:
+        kind = kinds[m0] if kinds is not None and spec.media_frames else None
+        rows = None if share is None else sum(share.tokens[spec.media_rows[m0] : spec.media_rows[m1]])
+        yield kind, rows
+
+
+def _shared(share: Share, outputs: dict, input_figure, ref_grads, own_grads, own: list, params, grads: bool) -> Rounding:
+    """The figures of an exact run shared out over ``share.group``, summed there (Share): the same on every rank."""
+    outputs = {name: _own_only(figure, share.own_rows(share.tokens, figure.device)) for name, figure in outputs.items()}
+    if grads:  # rows no chunk here reached have no exact gradient: their figure is their owner's
+        input_figure = _own_only(input_figure, share.own_rows([1] * len(share.owner), input_figure.device))
+    summed = comm.all_reduce_sums(list(outputs.values()) + ([input_figure] if grads else []), share.group)
+    outputs = dict(zip(outputs, summed))
+    if not grads:
+        return Rounding(outputs)
+    own = [torch.zeros_like(p) if o is None else o for o, p in zip(own, params)]
+    own_figure = 2 * relative(own_grads, own) if own_grads is not None else 0.0
+    return Rounding(outputs, summed[-1], 2 * _summed_relative(ref_grads, own, share.group), own_figure)
+
+
+def _raise_alike(share: Share, failed: Exception | None, device) -> None:
+    """Every rank of ``share.group`` raises if any rank's part of the exact run did: its own error, or one naming
+    the ranks whose run raised (a collective, so none is left waiting in the next)."""
+    flags = torch.zeros(dist.get_world_size(share.group), dtype=torch.float64, device=device)
+    flags[share.rank] = failed is not None
+    raised = [rank for rank, flag in enumerate(comm.all_reduce_sum(flags, share.group).tolist()) if flag]
+    if failed is not None:
+        raise failed
+    if raised:
+        raise RuntimeError(f"precision.measure: the exact run raised on CP rank(s) {raised} of the shared exact run "
+                           f"(its own error is in that rank's result)")
+
+
+def _own_only(figure: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    return torch.where(own, figure, torch.zeros_like(figure))
+
+
+def _summed_relative(ref_grads, own: list, group) -> float:
+    """|ref - sum over ranks of own| / |sum over ranks of own|: summed as they are, or as count sketches for a tower
+    over sketch.WIDTH parameters (an estimate within 0.07% of each norm, vdpcp.sketch: a slack figure off by that
+    much moves no verdict)."""
+    if not sketch.pays(sum(o.numel() for o in own)):
+        return relative(ref_grads, comm.all_reduce_sums(own, group))
+    mine, want = sketch.sketch(zip(own, ref_grads), own[0].device)
+    summed = comm.all_reduce_sum(mine, group)
+    return float((want - summed).norm() / summed.norm().clamp_min(1e-300))
 
 
 def media_chunks(batch, chunk: int, kinds=None):

@@ -1,0 +1,169 @@
+"""The exact run shared out over the CP ranks (vdpcp.precision.Share): each rank runs the chunks of the media it owns
+and the figures are summed over the group. It must measure what each rank running it whole measures: each output
+row's and microbatch row's figure bit for bit as its owner measures it whole (the same chunk, run by the same rank;
+another rank's chunks group other media with it, which moves the last bits), the rank-alone figure bit for bit, and
+the summed parameter gradients' figure to float64's rounding (summed in another order), or within the count sketch's
+deviation where the tower takes the sketch."""
+
+import math
+
+import pytest
+import torch
+
+from vdpcp import oracle, precision, sketch
+from vdpcp.case import Case
+from vdpcp.impls import resolve
+from vdpcp.scenarios import SCENARIOS
+
+SPECS = {s.spec.name: s.spec for s in SCENARIOS}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class _Raising:
+    """The reference, whose exact run raises on one rank only (a chunk only that rank runs)."""
+
+    def __init__(self, impl, raising: bool):
+        self.impl, self.raising, self.name = impl, raising, impl.name
+
+    def inputs(self, batch):
+        return self.impl.inputs(batch)
+
+    def encode(self, model, inputs):
+        if self.raising:
+            raise ValueError("this rank's chunk cannot be encoded")
+        return self.impl.encode(model, inputs)
+
+
+def _measured(ctx, spec_name: str, dtype: str, width: int | None, raise_on: int | None = None):
+    """(whole, shared) Rounding on this rank, from one unsharded run of ``spec_name`` at CP = the world size."""
+    impl, case = resolve("reference"), Case(SPECS[spec_name], ctx.world_size, dtype=dtype)
+    cpu, dt = torch.device("cpu"), DTYPES[dtype]
+    model = impl.build_model(case, dt, cpu)
+    batch = case.spec.tensors(dtype=dt)
+    batch.patches.requires_grad_(True)
+    out = {"features": impl.encode(model, impl.inputs(batch))}
+    summed = {"features": oracle.sixteenths(torch.randn(out["features"].shape, generator=torch.Generator().manual_seed(7),
+                                                        dtype=torch.float64)).to(dt)}
+    plan = impl.plan(case.spec, case.config)
+    mine = oracle.own_token_mask(plan, ctx.rank, cpu).unsqueeze(-1)
+    own_weights = {"features": summed["features"] * mine}
+    own_grads = list(torch.autograd.grad((out["features"] * own_weights["features"]).sum(), list(model.parameters()),
+                                         retain_graph=True))
+    (out["features"] * summed["features"]).sum().backward()
+    grads = [p.grad for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    kinds = oracle.own_media(plan, case.spec, ctx.rank)
+    share = precision.Share(None, ctx.rank, tuple(plan.owner), tuple(plan.tokens))
+    args = (model, batch, out, grads, own_grads, summed, own_weights, True)
+    if raise_on is not None:
+        try:
+            precision.measure(_Raising(impl, ctx.rank == raise_on), *args, kinds=kinds, share=share)
+        except Exception as err:  # noqa: BLE001 - what each rank raised is the result
+            return f"{type(err).__name__}: {err}"
+        return "no error"
+    saved = sketch.WIDTH
+    sketch.WIDTH = width or saved  # a narrow sketch: the toy tower takes it; restored before the worker's next case
+    try:
+        whole = precision.measure(impl, *args, kinds=kinds)
+        shared = precision.measure(impl, *args, kinds=kinds, share=share)
+    finally:
+        sketch.WIDTH = saved
+    return whole, shared, kinds, sum(p.numel() for p in model.parameters()), plan
+
+
+def _owners(plan) -> tuple[list[int], list[int]]:
+    """The CP rank that owns each output row and each microbatch row."""
+    return [owner for owner, n in zip(plan.owner, plan.tokens) for _ in range(n)], list(plan.owner)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("spec_name, cp, dtype", [
+    ("three-images", 2, "float32"),
+    ("video-and-images", 3, "float32"),  # a video split between two ranks (a "mixed" chunk on both)
+    ("few-tubelets-t2", 3, "bfloat16"),  # rank 2 owns nothing: it runs no chunk and adds zeros
+])
+def test_a_shared_exact_run_measures_what_each_rank_measures_whole(run_ranks, spec_name, cp, dtype):
+    got = run_ranks(_measured, cp, spec_name, dtype, None)
+    token_owner, row_owner = _owners(got[0][4])
+    owners_outputs = torch.stack([got[r][0].outputs["features"][i] for i, r in enumerate(token_owner)])
+    owners_input = torch.stack([got[r][0].input[i] for i, r in enumerate(row_owner)])
+    for rank, (whole, shared, kinds, params, _) in enumerate(got):
+        assert not sketch.pays(params)  # summed as they are
+        assert torch.equal(shared.outputs["features"], owners_outputs), rank
+        assert torch.equal(shared.input, owners_input), rank
+        assert shared.own_params == whole.own_params, rank
+        assert shared.params == pytest.approx(whole.params, rel=1e-6), rank
+        assert 0 < whole.params and float(whole.outputs["features"].max()) > 0
+    assert {kind for *_, kinds, _, _ in got for kind in kinds} >= ({"own", "other"} if cp == 2 else {"mixed", "other"})
+
+
+@pytest.mark.distributed
+def test_a_shared_exact_run_sums_count_sketches_for_a_tower_over_the_sketch_width(run_ranks):
+    """At a width the toy tower's parameters exceed, the summed figure is the sketches' estimate: within five of
+    its deviations (sqrt(2 / width) of a squared norm, for each of the two norms the figure divides)."""
+    width = 1 << 12
+    got = run_ranks(_measured, 2, "three-images", "float32", width)
+    for whole, shared, _, params, _ in got:
+        assert params > width
+        assert shared.own_params == whole.own_params
+        assert shared.params == pytest.approx(whole.params, rel=5 * math.sqrt(2 / width))
+    assert got[0][1].params == got[1][1].params  # every rank reads the same figure
+
+
+@pytest.mark.distributed
+def test_an_exact_run_that_raises_on_one_rank_raises_on_every_rank_and_none_waits(run_ranks):
+    said = run_ranks(_measured, 2, "three-images", "float32", None, 1)
+    assert said[1] == "ValueError: this rank's chunk cannot be encoded"
+    assert said[0] == ("RuntimeError: precision.measure: the exact run raised on CP rank(s) [1] of the shared exact "
+                       "run (its own error is in that rank's result)")
+
+
+def test_a_shared_exact_run_without_the_media_s_owners_is_refused_before_any_collective():
+    impl = resolve("reference")
+    with pytest.raises(ValueError, match="a shared exact run needs the media's kinds"):
+        precision.measure(impl, None, None, {}, [], None, {}, None, True, kinds=None,
+                          share=precision.Share(None, 0, (0,), (1,)))
+
+
+# --- where the oracle shares it ----------------------------------------------------------------------------------
+
+THREE = Case(SPECS["three-images"], 2, dtype="bfloat16")
+
+
+def _shared_by_oracle(ctx, case, turns: bool):
+    """Whether this rank's exact run was shared (the share the oracle passed), and whether the case passed."""
+    from contextlib import nullcontext
+
+    from vdpcp import runner
+
+    seen, saved = [], (oracle.precision.measure, oracle._turns)
+
+    def watched(*args, share=None, **kwargs):
+        seen.append(share is not None)
+        return saved[0](*args, share=share, **kwargs)
+
+    def taking_turns(ctx, case, result):
+        result.turns = True
+        return nullcontext()
+
+    oracle.precision.measure = watched
+    if turns:
+        oracle._turns = taking_turns
+    try:
+        verdict = runner.rank_body(ctx, case)
+    finally:  # a warm worker runs the next case with the real ones
+        oracle.precision.measure, oracle._turns = saved
+    return seen, verdict.failures
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case, turns, shared", [
+    (THREE, False, True),  # sharded, with a plan: the ranks split the exact run
+    (THREE.with_(vision_dp_over_cp=False), False, False),  # the opt-out: no plan, every rank measures it whole
+    (THREE, True, False),  # ranks taking turns for the unsharded arm: one at a time, so none shares a collective
+    (THREE.with_(grads=False), False, True),  # outputs only: the forward is shared too
+])
+def test_the_oracle_shares_the_exact_run_where_a_plan_says_whose_each_image_is(run_ranks, case, turns, shared):
+    for seen, failures in run_ranks(_shared_by_oracle, 2, case, turns):
+        assert seen == [shared] and failures == [], (seen, failures)
