@@ -13,8 +13,8 @@ What a case costs, as the oracle runs it (vdpcp.oracle.check), on EVERY one of i
   rank, which is the busiest) -- ``resident``;
 - on top, for a while: the unsharded arm (the whole microbatch, forward and backward) and, below float64, its
   exact run (vdpcp.precision: a copy of the model in float32 or float64 with two sets of gradients, and the arm
-  again in that dtype) -- ``turn``. Ranks sharing a GPU take those turns one at a time where all at once would
-  not fit (vdpcp.harness.turns).
+  again in that dtype) -- ``turn``. Ranks sharing a GPU take those turns as many at a time as fit where all at
+  once would not (vdpcp.harness.turns); a GPU is refused only where one at a time would not fit either.
 
 On the CPU every rank of a case is on this machine: they must fit its memory limit together, and their work
 (``flops``: 6 x parameters x patches per arm) its compute limit, so a real-size tower is refused here up front,
@@ -168,7 +168,7 @@ class Need:
     replicas: int  # ranks per CP rank (DP replicas x TP ranks), each holding as much
     dtype: str
     resident: tuple[int, ...] = ()  # what each CP rank holds through the case: the model, gradients, its shard's arm
-    turn: tuple[int, ...] = ()  # on top, while it runs the unsharded arm and its exact run (one at a time on a GPU)
+    turn: tuple[int, ...] = ()  # on top, while it runs the unsharded arm and its exact run (a few at a time on a shared GPU)
     flops: float = 0.0  # the whole case, every rank: forward and backward of every arm
 
     @property
@@ -184,13 +184,13 @@ class Need:
         """On this machine: every rank of the case at its peak at once."""
         return sum(self.ranks) * self.replicas
 
-    def colocated(self, turns: bool, ranks: int | None = None) -> int:
+    def colocated(self, turns: bool | int, ranks: int | None = None) -> int:
         """The peak of ``ranks`` of the case's ranks (default: all) sharing one device, the busiest ones; with
-        ``turns`` they run their unsharded arms one at a time (vdpcp.harness.turns)."""
+        ``turns`` they run their unsharded arms that many at a time (True: one; vdpcp.harness.turns), else all at
+        once."""
         every = sorted(zip(self.resident * self.replicas, self.turn * self.replicas), reverse=True)[: ranks or self.world]
-        if not every:
-            return 0
-        return sum(r for r, _ in every) + (max(t for _, t in every) if turns else sum(t for _, t in every))
+        at_once = len(every) if turns is False else max(int(turns), 1)
+        return sum(r for r, _ in every) + sum(sorted((t for _, t in every), reverse=True)[:at_once])
 
     def text(self, patches: bool = True) -> str:
         ranks = f"{self.world} rank{'s' if self.world > 1 else ''}" + (f" x up to {human(self.per_rank)}" if self.world > 1 else "")

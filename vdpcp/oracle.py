@@ -120,15 +120,18 @@ def _give_back(ctx) -> None:
 
 
 def _turns(ctx, case: Case, result: RankResult):
-    """One rank at a time on a shared GPU for the unsharded arm, where all of them at once would not fit."""
+    """On a shared GPU, the unsharded arm a few ranks at a time, where all of them at once would not fit: as many at
+    once as fit (at least one), each rank in a slot of its own, so that the ranks of each slot go in turn."""
     if not getattr(ctx, "shares_device", False):
         return nullcontext()
     need = budget.need(case, device="cuda")
-    total = torch.cuda.get_device_properties(ctx.device).total_memory
-    if need.colocated(turns=False) <= TURNS_ABOVE * total:
+    limit = TURNS_ABOVE * torch.cuda.get_device_properties(ctx.device).total_memory
+    if need.colocated(turns=False) <= limit:
         return nullcontext()
     result.turns = True
-    return turn(ctx.device)
+    at_once = max((k for k in range(2, case.world_size) if need.colocated(turns=k) <= limit), default=1)
+    sharing = ctx.rank // max(torch.cuda.device_count(), 1)  # its place among the ranks on its GPU (rank % GPUs)
+    return turn(ctx.device, sharing % at_once)
 
 
 def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, device, clock,

@@ -51,6 +51,12 @@ def test_every_rank_holds_the_unsharded_arm_in_its_turn_and_its_own_shard_throug
     assert need.per_rank == max(need.ranks) and need.total == sum(need.ranks)
     # ranks that take turns on one device hold one turn at a time, not every one at once
     assert need.colocated(turns=True) < need.colocated(turns=False) == need.total
+    # k at a time: every rank resident, and the k largest turns on top (one: True; all of them: all at once)
+    four = budget.need(case.with_(cp=4))
+    held = [four.colocated(turns=k) for k in (1, 2, 3, 4)]
+    assert held[0] == four.colocated(turns=True) and held[3] == four.colocated(turns=False) == four.total
+    assert held == sorted(held) and len(set(held)) == 4, held
+    assert held[1] - held[0] == sorted(four.turn, reverse=True)[1]
     # unsharded (CP=1 or the opt-out): the sharded arm is the whole microbatch too
     alone = budget.need(case.with_(cp=1))
     assert alone.world == 1 and alone.resident[0] >= alone.unsharded and alone.ranks[0] >= alone.unsharded

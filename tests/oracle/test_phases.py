@@ -18,11 +18,12 @@ GPU = 10 * 2**30
 @pytest.fixture
 def shared_gpu(monkeypatch):
     """A GPU of GPU bytes that every rank of the case shares, and a case whose ranks together need ``need`` bytes."""
-    need = {"bytes": 0}
+    need = {"bytes": 0}  # two ranks: one at a time is the only turn there is, so no other estimate is asked for
     monkeypatch.setattr(oracle.budget, "need", lambda case, device: SimpleNamespace(
         colocated=lambda turns: need["bytes"] if turns is False else pytest.fail("asked for the estimate with turns")))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=GPU))
-    monkeypatch.setattr(oracle, "turn", lambda device: ("turn", device))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(oracle, "turn", lambda device, slot: ("turn", device, slot))
     return need
 
 
@@ -30,9 +31,24 @@ def shared_gpu(monkeypatch):
 def test_ranks_sharing_a_gpu_take_turns_only_when_all_at_once_needs_over_four_fifths_of_it(shared_gpu, share, turns):
     shared_gpu["bytes"] = share * GPU
     result = RankResult(0)
-    pacing = oracle._turns(SimpleNamespace(shares_device=True, device="cuda:0"), CASE, result)
+    pacing = oracle._turns(SimpleNamespace(shares_device=True, device="cuda:0", rank=1), CASE, result)
     assert result.turns is turns
-    assert (pacing == ("turn", "cuda:0")) is turns, pacing
+    assert (pacing == ("turn", "cuda:0", 0)) is turns, pacing
+
+
+@pytest.mark.parametrize("fits, slots", [(1, [0] * 8), (2, [0, 1] * 4), (3, [0, 1, 2, 0, 1, 2, 0, 1]), (7, [0, 1, 2, 3, 4, 5, 6, 0])])
+def test_ranks_sharing_a_gpu_take_their_turns_as_many_at_once_as_fit_each_in_its_slot(shared_gpu, monkeypatch, fits, slots):
+    """Eight ranks (CP 4 x DP 2 on one H200 in bf16: the real towers fit seven at once, not eight), each resident
+    with a tenth of the GPU's four fifths and a turn of a twentieth: as many turns at once as fit."""
+    case = CASE.with_(cp=4, dp=2)
+    monkeypatch.setattr(oracle.budget, "need", lambda case, device: SimpleNamespace(
+        colocated=lambda turns: GPU if turns is False else 8 * 0.04 * GPU + turns * 0.47 / fits * GPU))
+    got = []
+    for rank in range(8):
+        result = RankResult(rank)
+        got.append(oracle._turns(SimpleNamespace(shares_device=True, device="cuda:0", rank=rank), case, result))
+        assert result.turns
+    assert got == [("turn", "cuda:0", slot) for slot in slots]
 
 
 
@@ -71,7 +87,7 @@ def test_a_rank_reports_the_bytes_it_held_and_none_for_an_arm_that_never_ran():
 
 @pytest.mark.parametrize("ctx, gives_back", [(SimpleNamespace(device="cuda:0"), False),  # a context that does not say
                                              (SimpleNamespace(device="cuda:0", shares_device=False), False),
-                                             (SimpleNamespace(device="cuda:0", shares_device=True), True)])
+                                             (SimpleNamespace(device="cuda:0", shares_device=True, rank=0), True)])
 def test_only_a_rank_sharing_its_gpu_gives_its_cached_memory_back_and_waits_its_turn(shared_gpu, monkeypatch, ctx,
                                                                                      gives_back):
     given = []

@@ -1,9 +1,10 @@
-"""Ranks sharing one GPU taking turns for a phase of a case, one at a time.
+"""Ranks sharing one GPU taking turns for a phase of a case, a few at a time.
 
 gloo ranks with VDPCP_DEVICE=cuda share a GPU (fewer GPUs than ranks). A phase that needs no collective and much
-memory (a case's unsharded arm, say) can then run on one rank at a time while the others wait, so the GPU holds
-one such phase, not one per rank. The turn is an exclusive lock on a file named after the device, in the
-machine's temporary folder: ranks of other pools on the same GPU wait too, and a rank that dies lets go.
+memory (a case's unsharded arm, say) can then run on a few ranks at a time while the others wait, so the GPU holds
+that many such phases, not one per rank. A turn is an exclusive lock on one of the device's slots, a file named
+after the device and the slot in the machine's temporary folder: ranks given the same slot go one after another
+(ranks of other pools on the same GPU too), and a rank that dies lets go.
 """
 
 import fcntl
@@ -13,9 +14,10 @@ from pathlib import Path
 
 
 @contextmanager
-def turn(device):
-    """Hold ``device``'s turn for the block (no collective may run inside it: a peer may be waiting for it)."""
-    path = Path(tempfile.gettempdir()) / f"vdpcp-{device.type}{device.index or 0}.turn"
+def turn(device, slot: int = 0):
+    """Hold ``device``'s turn in ``slot`` for the block (no collective may run inside it: a peer may be waiting for
+    it). Ranks in different slots run their turns at once."""
+    path = Path(tempfile.gettempdir()) / f"vdpcp-{device.type}{device.index or 0}{f'-{slot}' if slot else ''}.turn"
     with open(path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
