@@ -93,7 +93,7 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
     clock.lap("build")
     try:
         with regrouped.deterministic(device, result, model):
-            with _turns(ctx, case, result):  # a rank taking its turn alone shares no exact run with the others
+            with _turns(ctx, case, result):  # ranks taking turns share no exact run: a peer may wait for its turn
                 unsharded = _unsharded(impl, case, model, replica_spec(case, groups.dp_rank), result, groups.cp_rank,
                                        device, clock, group=None if result.turns else groups.cp)
                 _give_back(ctx)

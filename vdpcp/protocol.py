@@ -185,8 +185,9 @@ class MediaAxes:
     ``temporal_patch_sizes``: the spec's tubelet sizes T it encodes as such (None: any; a video scenario at
     another T runs at the largest of these not above it); ``min_grid``: the smallest patch-grid side an image
     may have; ``even_grids``: its unsharded tower takes even patch grids only (the matrix's images get even grids,
-    while the split's placeholders stay as the split makes them, odd ones too); ``min_rows_per_rank``: patch rows per rank below which it takes another path (a local padding
-    floor, say), so the matrix adds microbatches that give every rank more.
+    while the split's placeholders stay as the split makes them, odd ones too); ``min_rows_per_rank``: patch rows
+    per rank below which it takes another path (a local padding floor, say), so the matrix adds microbatches that
+    give every rank more.
     """
 
     patch_dim: int = 4

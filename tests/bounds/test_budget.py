@@ -18,7 +18,6 @@ from vdpcp.spec import MicrobatchSpec, SpecError, SpecTooLarge
 
 from .out_of_memory import CPU_ALLOCATOR
 
-
 # Sized for this machine's CPU (its memory limit, its compute limit, its messages), whatever VDPCP_DEVICE a job
 # exports; the GPU's figures are asked for by name (device="cuda").
 pytestmark = pytest.mark.usefixtures("on_the_cpu")

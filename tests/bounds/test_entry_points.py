@@ -19,7 +19,6 @@ from vdpcp.cli import main
 from vdpcp.fuzz import Search, fuzz
 from vdpcp.spec import MicrobatchSpec, SpecTooLarge
 
-
 # Sized for this machine's CPU (its memory limit, its compute limit, its messages), whatever VDPCP_DEVICE a job
 # exports; the GPU's figures are asked for by name (device="cuda").
 pytestmark = pytest.mark.usefixtures("on_the_cpu")

@@ -88,7 +88,7 @@ def test_a_shared_exact_run_measures_what_each_rank_measures_whole(run_ranks, sp
     token_owner, row_owner = _owners(got[0][4])
     owners_outputs = torch.stack([got[r][0].outputs["features"][i] for i, r in enumerate(token_owner)])
     owners_input = torch.stack([got[r][0].input[i] for i, r in enumerate(row_owner)])
-    for rank, (whole, shared, kinds, params, _) in enumerate(got):
+    for rank, (whole, shared, _, params, _) in enumerate(got):
         assert not sketch.pays(params)  # summed as they are
         assert torch.equal(shared.outputs["features"], owners_outputs), rank
         assert torch.equal(shared.input, owners_input), rank

@@ -8,14 +8,13 @@ rank. Correct runs stay green and say what was held (RankResult.exact).
 import pytest
 import torch
 
+from tests.oracle import subjects
 from vdpcp import oracle, regrouped
 from vdpcp.case import Case, RankResult
 from vdpcp.impls import resolve
 from vdpcp.runner import run_case
 from vdpcp.scenarios import matrix
 from vdpcp.spec import MicrobatchSpec
-
-from tests.oracle import subjects
 
 VIDEO = MicrobatchSpec(images=((8, 8),) * 5 + ((8, 12),) * 2, num_frames=(3, 1, 1, 2), temporal_patch_size=2, seed=3,
                        name="video")

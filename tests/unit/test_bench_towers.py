@@ -17,7 +17,8 @@ def test_the_summary_gives_each_subjects_median_every_subjects_median_and_the_wa
     assert "qwen2_5_vl CP 2: median case 9.00 s over 1 cases" in text
     assert "every subject CP 2: median case 3.00 s over 3 cases (target 4.16 s: 3.2 s before the exact check, + 30%)" in text
     assert "every subject CP 4: median case 20.00 s over 1 cases" in text
-    assert text[-2] == "1 refused before they ran: over this machine's memory or compute limit (their lines say which, and the option that raises it)"
+    assert text[-2] == ("1 refused before they ran: over this machine's memory or compute limit (their lines say which, and the "
+                        "option that raises it)")
     assert text[-1].startswith("6 cases, 4 passing, in 83.0 s wall")
 
 
@@ -33,5 +34,6 @@ def test_a_case_too_large_for_this_machine_is_a_refused_line_and_the_selection_g
     refused = [text for text in out if "  refused  " in text]
     assert refused and len(refused) == sum(text.startswith("three-images-cp2-reference-count") for text in out)
     assert all("raise it with --max-" in text for text in refused)  # the override, never cut off
-    assert out[-2] == f"{len(refused)} refused before they ran: over this machine's memory or compute limit (their lines say which, and the option that raises it)"
+    assert out[-2] == (f"{len(refused)} refused before they ran: over this machine's memory or compute limit (their lines say "
+                       "which, and the option that raises it)")
     assert out[-1].startswith(f"{len(refused)} cases, 0 passing")

@@ -1,11 +1,11 @@
 """The protocol, where adapters written before it moved import it from: everything lives in vdpcp.protocol."""
 
 from vdpcp.protocol import (  # noqa: F401  (re-exported)
+    CHECK_GROUP_ERROR,
     GROUP_MISMATCH_TEXT,
     PROTOCOL,
     REQUIRED,
     Adapted,
-    CHECK_GROUP_ERROR,
     GroupMismatchError,
     Implementation,
     KnownLimit,
