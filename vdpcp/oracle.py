@@ -77,7 +77,7 @@ class Unsharded:
     plan: object
     weights: dict[str, list[torch.Tensor]]
     sharded: bool
-    rounding: precision.Rounding
+    rounding: precision.Rounding | precision.Shared  # Shared: this rank's part, until summed after its turn
     graph: dict[str, bool]  # which outputs had an autograd graph (an encoder may return a bare tensor for no rows)
     gradients: bool  # whether the arms' gradients are checked (gradients_checked)
 
@@ -93,10 +93,11 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
     clock.lap("build")
     try:
         with regrouped.deterministic(device, result, model):
-            with _turns(ctx, case, result):  # ranks taking turns share no exact run: a peer may wait for its turn
+            with _turns(ctx, case, result):
                 unsharded = _unsharded(impl, case, model, replica_spec(case, groups.dp_rank), result, groups.cp_rank,
-                                       device, clock, group=None if result.turns else groups.cp)
+                                       device, clock, group=groups.cp)
                 _give_back(ctx)
+            _sum_shared(unsharded)  # out of the turn: a collective, and a peer may be waiting for its own turn
             memory.phase("unsharded peak")
             if unsharded is not None:
                 with gloo_collectives.on_gloo(groups.cp) as swap:  # torch.distributed.nn's gloo all_to_all, made right
@@ -110,6 +111,13 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
         result.failures.append(problem)
     result.memory = memory.figures(model, unsharded)
     return result
+
+
+def _sum_shared(unsharded: Unsharded | None) -> None:
+    """A shared exact run's parts summed over the CP group into the Rounding every rank reads (precision.Shared)."""
+    if unsharded is not None and isinstance(unsharded.rounding, precision.Shared):
+        with regrouped.relaxed():  # sums held to nothing bit for bit (on CUDA: index_add_'s atomic kernel)
+            unsharded.rounding = unsharded.rounding.summed()
 
 
 def _give_back(ctx) -> None:
@@ -141,7 +149,8 @@ def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, 
     If the unsharded encoder raises, every rank raises alike before any collective (no rank hangs) and the case
     is unsharded_error, not a sharding failure. It finishes, backward too, before the sharded run: collectives
     inside a model (a tensor-parallel tower) then never interleave with the sharded run's. ``group``: the CP group
-    its rounding measurement may be shared out over (precision.Share; None: this rank measures it whole)."""
+    its rounding measurement may be shared out over (precision.Share; None: this rank measures it whole); then its
+    ``rounding`` is this rank's part, which _sum_shared sums."""
     batch = spec.tensors(dtype=DTYPES[case.dtype], device=device)
     batch.patches.requires_grad_(True)
     refused = None

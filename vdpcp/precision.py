@@ -158,7 +158,7 @@ class Share:
 
 
 def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weights, grads: bool,
-            chunk: int | None = None, kinds=None, share: Share | None = None) -> Rounding:
+            chunk: int | None = None, kinds=None, share: Share | None = None) -> Rounding | Shared:
     """The unsharded run once more in ``EXACT[dtype]``, on a copy of ``model`` made for it and freed after.
 
     ``ref_out``: the unsharded outputs; ``ref_grads``: its parameter gradients (one per parameter, in order) and
@@ -171,7 +171,8 @@ def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weig
     activations (a real-size tower's, in float64, would not fit beside the rest). ``kinds`` (one per media item:
     whose it is) keeps items of different kinds in different chunks, so that most chunks are wholly the rank's own
     or wholly not, and need one backward where a mixed one needs two (_backward). With ``share`` (and ``kinds``,
-    and ``own_weights`` where ``grads``) the CP ranks split the run between them (Share): a collective.
+    and ``own_weights`` where ``grads``) the CP ranks split the run between them (Share): this rank's part, no
+    collective, whose ``summed()`` (a collective) is the Rounding.
     """
     if share is not None and (kinds is None or (grads and own_weights is None)):
         raise ValueError("precision.measure: a shared exact run needs the media's kinds and, with gradients, the rank's "
@@ -206,10 +207,8 @@ def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weig
                 raise
             failed = err
     if share is not None:
-        _raise_alike(share, failed, patches.device)
+        return _shared(share, failed, outputs, batch, patches, ref_grads, own_grads, own, params, grads)
     input_figure = 2 * segment_relative(_grad(batch.patches), _grad(patches), batch.cu_seqlens) if grads else None
-    if share is not None:
-        return _shared(share, outputs, input_figure, ref_grads, own_grads, own, params, grads)
     if not grads:
         return Rounding(outputs)
     summed = [r if o is None else o if r is None else r.add_(o) for o, r in zip(own, rest)]
@@ -227,18 +226,60 @@ def _chunk_plan(spec, chunk: int, kinds, share: Share | None):
         yield kind, rows
 
 
-def _shared(share: Share, outputs: dict, input_figure, ref_grads, own_grads, own: list, params, grads: bool) -> Rounding:
-    """The figures of an exact run shared out over ``share.group``, summed there (Share): the same on every rank."""
+def _shared(share: Share, failed, outputs: dict, batch, patches, ref_grads, own_grads, own: list, params,
+            grads: bool) -> Shared:
+    """This rank's part of a shared exact run, down to what the sums need: its own rows' figures and its own share's
+    gradient as a count sketch above sketch.WIDTH parameters (8 MB, where the gradient is the tower's size), so it
+    holds nothing large while its peers take their turns."""
+    device = patches.device
+    if failed is not None:
+        return Shared(share, device, failed)
     outputs = {name: _own_only(figure, share.own_rows(share.tokens, figure.device)) for name, figure in outputs.items()}
-    if grads:  # rows no chunk here reached have no exact gradient: their figure is their owner's
-        input_figure = _own_only(input_figure, share.own_rows([1] * len(share.owner), input_figure.device))
-    summed = comm.all_reduce_sums(list(outputs.values()) + ([input_figure] if grads else []), share.group)
-    outputs = dict(zip(outputs, summed))
     if not grads:
-        return Rounding(outputs)
+        return Shared(share, device, None, outputs)
+    # rows no chunk here reached have no exact gradient: their figure is their owner's
+    figure = 2 * segment_relative(_grad(batch.patches), _grad(patches), batch.cu_seqlens)
+    figure = _own_only(figure, share.own_rows([1] * len(share.owner), figure.device))
     own = [torch.zeros_like(p) if o is None else o for o, p in zip(own, params)]
     own_figure = 2 * relative(own_grads, own) if own_grads is not None else 0.0
-    return Rounding(outputs, summed[-1], 2 * _summed_relative(ref_grads, own, share.group), own_figure)
+    if not sketch.pays(sum(o.numel() for o in own)):
+        return Shared(share, device, None, outputs, figure, own_figure, own, ref_grads)
+    return Shared(share, device, None, outputs, figure, own_figure, *sketch.sketch(zip(own, ref_grads), device))
+
+
+@dataclass
+class Shared:
+    """This rank's part of a shared exact run (Share). ``summed()`` sums the parts over the CP group into the
+    Rounding every rank reads: a collective, so the oracle takes it outside any turn (vdpcp.harness.turns: a peer
+    may be waiting for its own), after this rank's part ran inside its turn.
+
+    The summed gradients' figure is |ref - sum over ranks of own| / |sum over ranks of own|: summed as they are
+    (``own``, ``ref``: lists of gradients), or as count sketches (``own``, ``ref``: each one vector) for a tower
+    over sketch.WIDTH parameters, an estimate within 0.07% of each norm (vdpcp.sketch): a slack figure off by that
+    much moves no verdict."""
+
+    share: Share
+    device: object
+    failed: Exception | None
+    outputs: dict = field(default_factory=dict)  # per token row: this rank's own rows' figures, 0 elsewhere
+    input: torch.Tensor | None = None  # per microbatch row, the same
+    own_figure: float = 0.0
+    own: list | torch.Tensor | None = None
+    ref: list | torch.Tensor | None = None
+
+    def summed(self) -> Rounding:
+        _raise_alike(self.share, self.failed, self.device)
+        parts = list(self.outputs.values()) + ([self.input] if self.input is not None else [])
+        summed = comm.all_reduce_sums(parts, self.share.group) if parts else []
+        outputs = dict(zip(self.outputs, summed))
+        if self.input is None:
+            return Rounding(outputs)
+        if isinstance(self.own, torch.Tensor):
+            total = comm.all_reduce_sum(self.own, self.share.group)
+            params = float((self.ref - total).norm() / total.norm().clamp_min(1e-300))
+        else:
+            params = relative(self.ref, comm.all_reduce_sums(self.own, self.share.group))
+        return Rounding(outputs, summed[-1], 2 * params, self.own_figure)
 
 
 def _raise_alike(share: Share, failed: Exception | None, device) -> None:
@@ -256,17 +297,6 @@ def _raise_alike(share: Share, failed: Exception | None, device) -> None:
 
 def _own_only(figure: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
     return torch.where(own, figure, torch.zeros_like(figure))
-
-
-def _summed_relative(ref_grads, own: list, group) -> float:
-    """|ref - sum over ranks of own| / |sum over ranks of own|: summed as they are, or as count sketches for a tower
-    over sketch.WIDTH parameters (an estimate within 0.07% of each norm, vdpcp.sketch: a slack figure off by that
-    much moves no verdict)."""
-    if not sketch.pays(sum(o.numel() for o in own)):
-        return relative(ref_grads, comm.all_reduce_sums(own, group))
-    mine, want = sketch.sketch(zip(own, ref_grads), own[0].device)
-    summed = comm.all_reduce_sum(mine, group)
-    return float((want - summed).norm() / summed.norm().clamp_min(1e-300))
 
 
 def media_chunks(batch, chunk: int, kinds=None):

@@ -57,8 +57,9 @@ def _measured(ctx, spec_name: str, dtype: str, width: int | None, raise_on: int 
     share = precision.Share(None, ctx.rank, tuple(plan.owner), tuple(plan.tokens))
     args = (model, batch, out, grads, own_grads, summed, own_weights, True)
     if raise_on is not None:
-        try:
-            precision.measure(_Raising(impl, ctx.rank == raise_on), *args, kinds=kinds, share=share)
+        part = precision.measure(_Raising(impl, ctx.rank == raise_on), *args, kinds=kinds, share=share)
+        try:  # this rank's part never raises: its sums do, on every rank
+            part.summed()
         except Exception as err:  # noqa: BLE001 - what each rank raised is the result
             return f"{type(err).__name__}: {err}"
         return "no error"
@@ -66,10 +67,12 @@ def _measured(ctx, spec_name: str, dtype: str, width: int | None, raise_on: int 
     sketch.WIDTH = width or saved  # a narrow sketch: the toy tower takes it; restored before the worker's next case
     try:
         whole = precision.measure(impl, *args, kinds=kinds)
-        shared = precision.measure(impl, *args, kinds=kinds, share=share)
+        part = precision.measure(impl, *args, kinds=kinds, share=share)
+        shared = part.summed()
+        held = part.own.numel() if isinstance(part.own, torch.Tensor) else sum(g.numel() for g in part.own)
     finally:
         sketch.WIDTH = saved
-    return whole, shared, kinds, sum(p.numel() for p in model.parameters()), plan
+    return whole, shared, held, sum(p.numel() for p in model.parameters()), plan
 
 
 def _owners(plan) -> tuple[list[int], list[int]]:
@@ -88,14 +91,17 @@ def test_a_shared_exact_run_measures_what_each_rank_measures_whole(run_ranks, sp
     token_owner, row_owner = _owners(got[0][4])
     owners_outputs = torch.stack([got[r][0].outputs["features"][i] for i, r in enumerate(token_owner)])
     owners_input = torch.stack([got[r][0].input[i] for i, r in enumerate(row_owner)])
-    for rank, (whole, shared, _, params, _) in enumerate(got):
-        assert not sketch.pays(params)  # summed as they are
+    for rank, (whole, shared, held, params, _) in enumerate(got):
+        assert not sketch.pays(params) and held == params  # summed as they are
         assert torch.equal(shared.outputs["features"], owners_outputs), rank
         assert torch.equal(shared.input, owners_input), rank
         assert shared.own_params == whole.own_params, rank
         assert shared.params == pytest.approx(whole.params, rel=1e-6), rank
         assert 0 < whole.params and float(whole.outputs["features"].max()) > 0
-    assert {kind for *_, kinds, _, _ in got for kind in kinds} >= ({"own", "other"} if cp == 2 else {"mixed", "other"})
+    plan = got[0][4]
+    kinds = {kind for rank in range(cp) for kind in oracle.own_media(plan, SPECS[spec_name], rank)}
+    assert kinds >= ({"own", "other"} if cp == 2 else {"mixed", "other"}), kinds
+
 
 
 @pytest.mark.distributed
@@ -104,8 +110,8 @@ def test_a_shared_exact_run_sums_count_sketches_for_a_tower_over_the_sketch_widt
     its deviations (sqrt(2 / width) of a squared norm, for each of the two norms the figure divides)."""
     width = 1 << 12
     got = run_ranks(_measured, 2, "three-images", "float32", width)
-    for whole, shared, _, params, _ in got:
-        assert params > width
+    for whole, shared, held, params, _ in got:
+        assert params > width and held == width  # between its turn and the sums a rank holds the sketch alone
         assert shared.own_params == whole.own_params
         assert shared.params == pytest.approx(whole.params, rel=5 * math.sqrt(2 / width))
     assert got[0][1].params == got[1][1].params  # every rank reads the same figure
@@ -132,38 +138,48 @@ THREE = Case(SPECS["three-images"], 2, dtype="bfloat16")
 
 
 def _shared_by_oracle(ctx, case, turns: bool):
-    """Whether this rank's exact run was shared (the share the oracle passed), and whether the case passed."""
-    from contextlib import nullcontext
+    """Whether this rank's exact run was shared (the share the oracle passed), whether any collective ran inside its
+    turn, and the case's failures."""
+    from contextlib import contextmanager
 
-    from vdpcp import runner
+    from vdpcp import comm, runner
 
-    seen, saved = [], (oracle.precision.measure, oracle._turns)
+    seen, inside, saved = [], [], (oracle.precision.measure, oracle._turns, comm.all_reduce_sums)
 
     def watched(*args, share=None, **kwargs):
         seen.append(share is not None)
         return saved[0](*args, share=share, **kwargs)
 
+    @contextmanager
     def taking_turns(ctx, case, result):
         result.turns = True
-        return nullcontext()
+        inside.append(False)
+        yield
+        inside.pop()
 
-    oracle.precision.measure = watched
+    def sums(*args, **kwargs):
+        if inside:
+            inside.append("a collective inside the turn")
+        return saved[2](*args, **kwargs)
+
+    oracle.precision.measure, comm.all_reduce_sums = watched, sums
     if turns:
         oracle._turns = taking_turns
     try:
         verdict = runner.rank_body(ctx, case)
     finally:  # a warm worker runs the next case with the real ones
-        oracle.precision.measure, oracle._turns = saved
-    return seen, verdict.failures
+        oracle.precision.measure, oracle._turns, comm.all_reduce_sums = saved
+    return seen, inside, verdict.failures
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("case, turns, shared", [
     (THREE, False, True),  # sharded, with a plan: the ranks split the exact run
     (THREE.with_(vision_dp_over_cp=False), False, False),  # the opt-out: no plan, every rank measures it whole
-    (THREE, True, False),  # ranks taking turns for the unsharded arm: one at a time, so none shares a collective
+    (THREE, True, True),  # ranks taking turns: each runs its part in its turn, and the sums after it
     (THREE.with_(grads=False), False, True),  # outputs only: the forward is shared too
 ])
 def test_the_oracle_shares_the_exact_run_where_a_plan_says_whose_each_image_is(run_ranks, case, turns, shared):
-    for seen, failures in run_ranks(_shared_by_oracle, 2, case, turns):
+    for seen, inside, failures in run_ranks(_shared_by_oracle, 2, case, turns):
         assert seen == [shared] and failures == [], (seen, failures)
+        assert inside == [], inside  # no collective inside a turn: a peer may be waiting for its own
