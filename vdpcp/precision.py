@@ -207,7 +207,10 @@ def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weig
                 raise
             failed = err
     if share is not None:
-        return _shared(share, failed, outputs, batch, patches, ref_grads, own_grads, own, params, grads)
+        try:
+            return _shared(share, failed, outputs, batch, patches, ref_grads, own_grads, own, params, grads)
+        except Exception as err:  # its figures too (a plan whose token counts are not the outputs' rows, say)
+            return Shared(share, patches.device, err)
     input_figure = 2 * segment_relative(_grad(batch.patches), _grad(patches), batch.cu_seqlens) if grads else None
     if not grads:
         return Rounding(outputs)

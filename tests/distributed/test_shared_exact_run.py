@@ -183,3 +183,29 @@ def test_the_oracle_shares_the_exact_run_where_a_plan_says_whose_each_image_is(r
     for seen, inside, failures in run_ranks(_shared_by_oracle, 2, case, turns):
         assert seen == [shared] and failures == [], (seen, failures)
         assert inside == [], inside  # no collective inside a turn: a peer may be waiting for its own
+
+
+def _wrong_tokens(ctx):
+    """A plan with a row more than the outputs have, on one rank only: its figures raise, on every rank alike."""
+    impl, case = resolve("reference"), Case(SPECS["three-images"], 2, dtype="float32")
+    model = impl.build_model(case, torch.float32, torch.device("cpu"))
+    batch = case.spec.tensors(dtype=torch.float32)
+    out = {"features": impl.encode(model, impl.inputs(batch)).detach()}
+    plan = impl.plan(case.spec, case.config)
+    extra = () if ctx.rank == 0 else (1,)  # a row past the microbatch's: its chunks run, its masks cannot be laid
+    share = precision.Share(None, ctx.rank, tuple(plan.owner) + extra, tuple(plan.tokens) + extra)
+    part = precision.measure(impl, model, batch, out, None, None, {}, None, False,
+                             kinds=oracle.own_media(plan, case.spec, ctx.rank), share=share)
+    try:
+        part.summed()
+    except Exception as err:  # noqa: BLE001 - what each rank raised is the result
+        return type(err).__name__, str(err)
+    return "no error"
+
+
+@pytest.mark.distributed
+def test_a_part_whose_figures_raise_raises_on_every_rank_and_none_waits(run_ranks):
+    said = run_ranks(_wrong_tokens, 2)
+    assert said[0] == ("RuntimeError", "precision.measure: the exact run raised on CP rank(s) [1] of the shared exact "
+                                       "run (its own error is in that rank's result)"), said
+    assert said[1][0] != "no error" and "CP rank(s)" not in said[1][1], said
