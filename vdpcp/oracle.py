@@ -46,6 +46,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import torch
+import torch.distributed as dist
 
 from vdpcp import budget, comm, gloo_collectives, model_cache, precision, regrouped, sketch
 from vdpcp.case import Case, RankResult
@@ -208,8 +209,10 @@ def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: 
         with regrouped.relaxed():
             kinds = own_media(plan, spec, cp_rank)  # chunks kept to one owner
             share = _share(plan, kinds, gradients, own_grads, group, cp_rank)
-            rounding = precision.measure(impl, model, batch, out, grads, own_grads, summed,
-                                         own_weights if own_grads is not None else None, gradients,
+            split = own_weights if own_grads is not None else None
+            if share is None and plan is None and sharded and group is not None:
+                share, kinds, split = _dealt_share(impl, spec, out, summed, group, cp_rank)
+            rounding = precision.measure(impl, model, batch, out, grads, own_grads, summed, split, gradients,
                                          kinds=kinds, share=share)
         clock.lap("exact")
     return Unsharded(batch, {n: t.detach() for n, t in out.items()}, grads, own_grads, ran.ran(), ran.untracked,
@@ -223,6 +226,33 @@ def _share(plan, kinds, gradients: bool, own_grads, group, cp_rank: int) -> prec
     if group is None or kinds is None or (gradients and own_grads is None):
         return None
     return precision.Share(group, cp_rank, tuple(plan.owner), tuple(plan.tokens))
+
+
+def _dealt_share(impl, spec, out: dict[str, torch.Tensor], summed: dict, group, cp_rank: int):
+    """Where a sharded case has no plan but the implementation says how many output rows each media item gives
+    (``media_tokens``), the rounding measurement shared out over the CP group by vdpcp's own deal of whole media
+    items: contiguous runs of about equal patches (any deal would do: each item is measured once, by one rank).
+    Returns (the share, this rank's kinds, the summed weights on its items' rows: how it splits the summed
+    gradient), or Nones where the implementation does not say. Every rank deals alike (the same spec and sizes)."""
+    tokens = impl.media_tokens(spec)
+    if tokens is None or not spec.media_frames:
+        return None, None, None
+    rows = next(iter(out.values())).shape[0]
+    if len(tokens) != len(spec.media_frames) or sum(tokens) != rows:
+        raise ValueError(f"{impl.name}.media_tokens: {list(tokens)} ({sum(tokens)} rows over {len(tokens)} media "
+                         f"items); its unsharded encode returned {rows} rows over {len(spec.media_frames)}")
+    cp, first = dist.get_world_size(group), spec.media_rows
+    patches = [sum(spec.row_patches[first[m] : first[m + 1]]) for m in range(len(tokens))]
+    middles = [sum(patches[:m]) + patches[m] / 2 for m in range(len(patches))]  # an item goes where its middle lies
+    dealt = [min(cp - 1, int(middle * cp // max(sum(patches), 1))) for middle in middles]
+    owner = tuple(dealt[m] for m in range(len(tokens)) for _ in range(spec.media_frames[m]))
+    per_row = tuple(tokens[m] if row == first[m] else 0 for m in range(len(tokens))
+                    for row in range(first[m], first[m + 1]))  # an item's rows on its first row, as a plan's tokens
+    share = precision.Share(group, cp_rank, owner, per_row)
+    mine = share.own_rows(per_row, next(iter(summed.values())).device)
+    split = {name: w * mine.view(-1, *[1] * (w.dim() - 1)) for name, w in summed.items()}
+    kinds = tuple("own" if owner_of == cp_rank else "other" for owner_of in dealt)
+    return share, kinds, split
 
 
 def gradients_checked(impl, case: Case, out: dict[str, torch.Tensor], result: RankResult) -> bool:

@@ -245,6 +245,11 @@ class Implementation:
     def replicated(self, spec, config: VisionDPConfig) -> str | None:
         return None
 
+    def media_tokens(self, spec) -> tuple[int, ...] | None:
+        """The output rows each media item of ``spec`` gives, in order. Without a plan it lets the CP ranks share out
+        the measurement of the unsharded run's rounding (vdpcp.precision.Share); None: every rank measures it whole."""
+        return None
+
     def known_limit(self, case, backend: str) -> KnownLimit | None:
         return None
 
@@ -303,7 +308,8 @@ def toy_tower(case):
 
 
 REQUIRED = ("name", "encode", "encode_sharded")
-PROTOCOL = REQUIRED + ("build_model", "model_key", "subject_model", "inputs", "plan", "replicated", "known_limit", "splits",
+PROTOCOL = REQUIRED + ("build_model", "model_key", "subject_model", "inputs", "plan", "replicated", "media_tokens",
+                       "known_limit", "splits",
                        "media", "towers", "scenarios", "preload", "tensor_parallel", "patch_bytes", "param_count",
                        "full_attention", "mismatch_error", "checks_cp1", "forward_only", "empty_rank_may_skip")
 

@@ -13,7 +13,8 @@ import torch
 from vdpcp import oracle, precision, sketch
 from vdpcp.case import Case
 from vdpcp.impls import resolve
-from vdpcp.scenarios import SCENARIOS
+from vdpcp.protocol import outputs_of
+from vdpcp.scenarios import SCENARIOS, matrix
 
 SPECS = {s.spec.name: s.spec for s in SCENARIOS}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -135,6 +136,8 @@ def test_a_shared_exact_run_without_the_media_s_owners_is_refused_before_any_col
 # --- where the oracle shares it ----------------------------------------------------------------------------------
 
 THREE = Case(SPECS["three-images"], 2, dtype="bfloat16")
+AUTOMODEL = next(c for c in matrix(impls=("automodel",)) if c.id == "video-and-images-cp4-automodel-contiguous-balanced")
+SHIPPED = next(c for c in matrix(impls=("automodel-shipped",)) if c.id == "mixed-sizes-cp2-automodel-shipped-contiguous-balanced")
 
 
 def _shared_by_oracle(ctx, case, turns: bool):
@@ -178,9 +181,12 @@ def _shared_by_oracle(ctx, case, turns: bool):
     (THREE.with_(vision_dp_over_cp=False), False, False),  # the opt-out: no plan, every rank measures it whole
     (THREE, True, True),  # ranks taking turns: each runs its part in its turn, and the sums after it
     (THREE.with_(grads=False), False, True),  # outputs only: the forward is shared too
+    (AUTOMODEL.with_(dtype="bfloat16"), False, True),  # no plan, but the rows each media item gives: dealt out
+    (AUTOMODEL.with_(dtype="float32", grads=False), False, True),
+    (SHIPPED.with_(dtype="bfloat16"), False, False),  # replicated by its policy: each rank's own loss needs it all
 ])
 def test_the_oracle_shares_the_exact_run_where_a_plan_says_whose_each_image_is(run_ranks, case, turns, shared):
-    for seen, inside, failures in run_ranks(_shared_by_oracle, 2, case, turns):
+    for seen, inside, failures in run_ranks(_shared_by_oracle, case.world_size, case, turns):
         assert seen == [shared] and failures == [], (seen, failures)
         assert inside == [], inside  # no collective inside a turn: a peer may be waiting for its own
 
@@ -209,3 +215,43 @@ def test_a_part_whose_figures_raise_raises_on_every_rank_and_none_waits(run_rank
     assert said[0] == ("RuntimeError", "precision.measure: the exact run raised on CP rank(s) [1] of the shared exact "
                                        "run (its own error is in that rank's result)"), said
     assert said[1][0] != "no error" and "CP rank(s)" not in said[1][1], said
+
+
+class _Miscounting:
+    """automodel, saying one row too many for its first media item."""
+
+    def __init__(self):
+        self.impl = resolve("automodel")
+        self.name = self.impl.name
+
+    def media_tokens(self, spec):
+        tokens = self.impl.media_tokens(spec)
+        return (tokens[0] + 1,) + tokens[1:]
+
+
+def _dealt(ctx, impl):
+    case = AUTOMODEL.with_(dtype="bfloat16")
+    spec = case.spec
+    model = resolve("automodel").build_model(case, torch.bfloat16, torch.device("cpu"))
+    out = outputs_of(resolve("automodel").encode(model, resolve("automodel").inputs(spec.tensors(dtype=torch.bfloat16))),
+                     "automodel.encode")
+    summed = {name: torch.ones_like(t) for name, t in out.items()}
+    try:
+        share, kinds, split = oracle._dealt_share(impl, spec, out, summed, None, ctx.rank)
+    except ValueError as err:
+        return str(err)
+    rows = [i for i, hit in enumerate(split["features"].any(dim=-1).tolist()) if hit]
+    return share.owner, kinds, rows, out["features"].shape[0]
+
+
+@pytest.mark.distributed
+def test_vdpcps_own_deal_gives_every_media_item_and_row_to_one_rank_and_a_miscount_is_one_clear_error(run_ranks):
+    got = run_ranks(_dealt, 4, resolve("automodel"))
+    owner, _, _, total = got[0]
+    assert all(rank_owner == owner for rank_owner, *_ in got)  # every rank deals alike
+    assert sorted(owner) == list(owner) and set(owner) == {0, 1, 2, 3}, owner  # contiguous runs, by the items' middles
+    for rank, (_, kinds, rows, _) in enumerate(got):
+        assert ("own" in kinds) == bool(rows), (rank, kinds)
+    assert sorted(row for *_, rows, _ in got for row in rows) == list(range(total))  # each row once
+    said = run_ranks(_dealt, 2, _Miscounting())
+    assert said[0] == said[1] and said[0].startswith("automodel.media_tokens: [") and "its unsharded encode returned" in said[0]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from vdpcp import scenarios
+from vdpcp import precision, scenarios
 from vdpcp.case import Case
 from vdpcp.impls import resolve
 from vdpcp.impls.automodel import MODELING, PATCH, SHARDING, SPLIT, automodel, automodel_shipped, token_grids
@@ -104,6 +104,19 @@ def test_every_deepstack_level_is_an_output_over_the_merged_token_rows():
     tokens = int(inputs.grid_thw.prod(dim=1).sum()) // 4
     assert {name: tuple(t.shape) for name, t in out.items()} == {name: (tokens, 48) for name in out}
     assert not torch.allclose(out["deepstack0"], out["deepstack1"])  # two mergers on two layers, not one copy
+
+
+@pytest.mark.parametrize("name", ["video-and-images", "mixed-sizes"])
+def test_the_rows_each_media_item_gives_are_what_its_unsharded_encode_returns_for_it(name):
+    """media_tokens (which lets the ranks share the exact run out without a plan) against the tower itself: each
+    media item encoded alone: videos of odd frame counts (tubelets of 2), images of odd grids (padded to even, then
+    2x2 merged)."""
+    spec = _spec(name)
+    model = automodel.build_model(Case(spec, 1, "automodel"), torch.float64, torch.device("cpu"))
+    alone = [automodel.encode(model, automodel.inputs(item))[MAIN_OUTPUT].shape[0]
+             for item in precision.media_chunks(spec.tensors(), 1)]
+    assert len(alone) == len(spec.media_frames) > 1
+    assert automodel.media_tokens(spec) == automodel_shipped.media_tokens(spec) == tuple(alone)
 
 
 def test_without_sharding_no_collective_runs_and_the_result_is_the_unsharded_one():

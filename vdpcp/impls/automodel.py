@@ -22,9 +22,10 @@ p * (p + 3 x vision hidden); a rank with real frames below 96 patch rows appends
 autograd all-gather (reduce-scatter SUM backward) restores the merged features and every DeepStack level.
 
 That partition is Automodel's private ``_contiguous_balanced_bounds``, so there is no ``plan``: vdpcp infers who
-encoded what from the input gradients. The shipped thresholds' decision has no public function either, so
-``replicated`` states it from Automodel's own config fields (which rows of the matrix must replicate); the
-matrix holds that statement to what each rank's tower really encoded.
+encoded what from the input gradients (``media_tokens`` says only how many rows each media item gives). The
+shipped thresholds' decision has no public function either, so ``replicated`` states it from Automodel's own
+config fields (which rows of the matrix must replicate); the matrix holds that statement to what each rank's tower
+really encoded.
 
 The tower's input is Qwen2.5-VL's (transformers maps Qwen3-VL to the same image processor, and its video
 processor packs patches in the same order): ``vdpcp.impls.qwen2_5_vl``'s transform is reused, and
@@ -189,6 +190,10 @@ class Automodel(Implementation):
             return (f"{tokens} merged tokens < min_tokens={policy.min_tokens} and {units} frames < "
                     f"min_frames={policy.min_frames}: Automodel replicates small visual workloads")
         return None
+
+    def media_tokens(self, spec) -> tuple[int, ...]:
+        """Each media item's merged tokens, as the tower returns them (its grid padded to even, 2x2 merged)."""
+        return tuple(m.tokens for m in media_items(spec))
 
     def known_limit(self, case, backend: str) -> KnownLimit | None:
         return EMPTY_MICROBATCH if not case.spec.images else None
