@@ -8,8 +8,9 @@ import torch
 from vdpcp.harness import turns
 
 
-def _taken_while_held(tmp_path, monkeypatch, held_slot: int, other_slot: int) -> bool:
-    """Whether a second turn in ``other_slot`` is taken while a first holds ``held_slot`` (a tenth of a second)."""
+def _taken_while_held(tmp_path, monkeypatch, held_slot: int, other_slot: int, wait: float) -> bool:
+    """Whether a second turn in ``other_slot`` is taken while a first holds ``held_slot`` (within ``wait`` seconds:
+    the first lets go only after it)."""
     monkeypatch.setattr(turns.tempfile, "gettempdir", lambda: str(tmp_path))
     device, holding, taken = torch.device("cuda", 3), threading.Event(), threading.Event()
     release = threading.Event()
@@ -17,7 +18,7 @@ def _taken_while_held(tmp_path, monkeypatch, held_slot: int, other_slot: int) ->
     def first():
         with turns.turn(device, held_slot):
             holding.set()
-            release.wait(5)
+            release.wait(60)  # held until the test has seen whether the second got in
 
     def second():
         with turns.turn(device, other_slot):
@@ -28,7 +29,7 @@ def _taken_while_held(tmp_path, monkeypatch, held_slot: int, other_slot: int) ->
     assert holding.wait(5)
     threads.append(threading.Thread(target=second))
     threads[1].start()
-    got = taken.wait(0.1)
+    got = taken.wait(wait)
     release.set()
     for t in threads:
         t.join(5)
@@ -37,10 +38,10 @@ def _taken_while_held(tmp_path, monkeypatch, held_slot: int, other_slot: int) ->
 
 
 def test_a_turn_in_the_same_slot_waits_for_the_one_before(tmp_path, monkeypatch):
-    assert not _taken_while_held(tmp_path, monkeypatch, 2, 2)
+    assert not _taken_while_held(tmp_path, monkeypatch, 2, 2, wait=0.2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["vdpcp-cuda3-2.turn"]
 
 
 def test_turns_in_different_slots_run_at_once(tmp_path, monkeypatch):
-    assert _taken_while_held(tmp_path, monkeypatch, 0, 1)
+    assert _taken_while_held(tmp_path, monkeypatch, 0, 1, wait=10)  # at once, however loaded the machine
     assert sorted(p.name for p in tmp_path.iterdir()) == ["vdpcp-cuda3-1.turn", "vdpcp-cuda3.turn"]
