@@ -53,7 +53,7 @@ from vdpcp.case import Case, RankResult
 from vdpcp.harness.turns import turn
 from vdpcp.harness.worker import setting_up
 from vdpcp.layout import zigzag_positions
-from vdpcp.protocol import OutputsError, outputs_of
+from vdpcp.protocol import OutputsError, Ownership, outputs_of
 from vdpcp.tensor_parallel import held_part
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -210,8 +210,10 @@ def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: 
             kinds = own_media(plan, spec, cp_rank)  # chunks kept to one owner
             share = _share(plan, kinds, gradients, own_grads, group, cp_rank)
             split = own_weights if own_grads is not None else None
-            if share is None and plan is None and sharded and group is not None:
-                share, kinds, split = _dealt_share(impl, spec, out, summed, group, cp_rank)
+            deal = _deal(impl, spec, out, group) if share is None and plan is None and sharded and group else None
+            if deal is not None:  # no plan: vdpcp's own deal of whole media items, for the exact run alone
+                kinds, share = own_media(deal, spec, cp_rank), precision.Share(group, cp_rank, deal)
+                split = {name: _own_weight(deal, True, w, cp_rank, device) for name, w in weights.items()}
             rounding = precision.measure(impl, model, batch, out, grads, own_grads, summed, split, gradients,
                                          kinds=kinds, share=share)
         clock.lap("exact")
@@ -225,18 +227,17 @@ def _share(plan, kinds, gradients: bool, own_grads, group, cp_rank: int) -> prec
     alike (the same plan, case and group). None: this rank measures it whole."""
     if group is None or kinds is None or (gradients and own_grads is None):
         return None
-    return precision.Share(group, cp_rank, tuple(plan.owner), tuple(plan.tokens))
+    return precision.Share(group, cp_rank, plan)
 
 
-def _dealt_share(impl, spec, out: dict[str, torch.Tensor], summed: dict, group, cp_rank: int):
+def _deal(impl, spec, out: dict[str, torch.Tensor], group) -> Ownership | None:
     """Where a sharded case has no plan but the implementation says how many output rows each media item gives
-    (``media_tokens``), the rounding measurement shared out over the CP group by vdpcp's own deal of whole media
-    items: contiguous runs of about equal patches (any deal would do: each item is measured once, by one rank).
-    Returns (the share, this rank's kinds, the summed weights on its items' rows: how it splits the summed
-    gradient), or Nones where the implementation does not say. Every rank deals alike (the same spec and sizes)."""
+    (``media_tokens``), an ownership of vdpcp's own for sharing out the rounding measurement: whole media items in
+    contiguous runs of about equal patches (any deal would do: each item is measured once, by one rank). None where
+    the implementation does not say. Every rank deals alike (the same spec and sizes)."""
     tokens = impl.media_tokens(spec)
     if tokens is None or not spec.media_frames:
-        return None, None, None
+        return None
     rows = next(iter(out.values())).shape[0]
     if len(tokens) != len(spec.media_frames) or sum(tokens) != rows:
         raise ValueError(f"{impl.name}.media_tokens: {list(tokens)} ({sum(tokens)} rows over {len(tokens)} media "
@@ -245,14 +246,10 @@ def _dealt_share(impl, spec, out: dict[str, torch.Tensor], summed: dict, group, 
     patches = [sum(spec.row_patches[first[m] : first[m + 1]]) for m in range(len(tokens))]
     middles = [sum(patches[:m]) + patches[m] / 2 for m in range(len(patches))]  # an item goes where its middle lies
     dealt = [min(cp - 1, int(middle * cp // max(sum(patches), 1))) for middle in middles]
-    owner = tuple(dealt[m] for m in range(len(tokens)) for _ in range(spec.media_frames[m]))
-    per_row = tuple(tokens[m] if row == first[m] else 0 for m in range(len(tokens))
-                    for row in range(first[m], first[m + 1]))  # an item's rows on its first row, as a plan's tokens
-    share = precision.Share(group, cp_rank, owner, per_row)
-    mine = share.own_rows(per_row, next(iter(summed.values())).device)
-    split = {name: w * mine.view(-1, *[1] * (w.dim() - 1)) for name, w in summed.items()}
-    kinds = tuple("own" if owner_of == cp_rank else "other" for owner_of in dealt)
-    return share, kinds, split
+    rows_of = [range(first[m], first[m + 1]) for m in range(len(tokens))]
+    return Ownership(tuple(dealt[m] for m in range(len(tokens)) for _ in rows_of[m]),
+                     tuple(tokens[m] if row == first[m] else 0 for m in range(len(tokens)) for row in rows_of[m]),
+                     (0,) * cp)  # an item's rows on its first row, as a plan's tokens
 
 
 def gradients_checked(impl, case: Case, out: dict[str, torch.Tensor], result: RankResult) -> bool:
@@ -431,8 +428,7 @@ def _own_weight(plan, sharded: bool, weights, cp_rank: int, device) -> torch.Ten
 
 def own_token_mask(plan, rank: int, device) -> torch.Tensor:
     """Rows of the gathered features (in image order) that come from this rank's real images."""
-    own = [owner == rank for owner, tokens in zip(plan.owner, plan.tokens) for _ in range(tokens)]
-    return torch.tensor(own, dtype=torch.bool, device=device)
+    return torch.tensor(plan.own_tokens(rank), dtype=torch.bool, device=device)
 
 
 def own_media(plan, spec, rank: int) -> tuple[str, ...] | None:

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from vdpcp import comm, sketch
 from vdpcp.budget import EXACT_CHUNK
-from vdpcp.protocol import outputs_of
+from vdpcp.protocol import Ownership, outputs_of
 
 # assert_close's default rtol for the dtypes compared as norms; float64 compares element by element.
 RTOL = {torch.bfloat16: 1.6e-2, torch.float16: 1e-3, torch.float32: 1.3e-6}
@@ -137,24 +137,25 @@ class Rounding:
 
 @dataclass(frozen=True)
 class Share:
-    """This rank's part of an exact run shared out over its CP group: a sharded case with a plan, where every rank
-    would otherwise repeat the same exact run of the whole microbatch (on a GPU the ranks share, CP times the work).
+    """This rank's part of an exact run shared out over its CP group: a sharded case whose ownership is known (the
+    implementation's plan, or vdpcp's own deal of whole media items), where every rank would otherwise repeat the
+    same exact run of the whole microbatch (on a GPU the ranks share, CP times the work).
 
     Each rank runs only the chunks of the media it owns, whole or in part (the chunks' ``kinds``, "own" or
     "mixed"), and the figures are summed over ``group``: each output row's and microbatch row's from the rank that
     owns it, and the parameter gradients over every rank's own share (each row has one owner, so the shares add up
-    to the summed loss's gradient). ``owner``, ``tokens``: the plan's, per microbatch row (vdpcp.protocol.Ownership).
+    to the summed loss's gradient). ``plan``: who owns which microbatch row, and the output rows each gives.
     """
 
     group: object
     rank: int
-    owner: tuple[int, ...]
-    tokens: tuple[int, ...]
+    plan: Ownership
 
-    def own_rows(self, per_row: list[int], device) -> torch.Tensor:
-        """A mask over ``per_row[r]`` entries per microbatch row r (output tokens, or 1 a row): this rank's own."""
-        return torch.tensor([owner == self.rank for owner, n in zip(self.owner, per_row) for _ in range(n)],
-                            dtype=torch.bool, device=device)
+    def own_tokens(self, device) -> torch.Tensor:
+        return torch.tensor(self.plan.own_tokens(self.rank), dtype=torch.bool, device=device)
+
+    def own_rows(self, device) -> torch.Tensor:
+        return torch.tensor([owner == self.rank for owner in self.plan.owner], dtype=torch.bool, device=device)
 
 
 def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weights, grads: bool,
@@ -225,7 +226,7 @@ def _chunk_plan(spec, chunk: int, kinds, share: Share | None):
     groups = spec.media_groups(chunk, kinds) if spec.media_frames else [(0, 0)]
     for m0, m1 in groups:
         kind = kinds[m0] if kinds is not None and spec.media_frames else None
-        rows = None if share is None else sum(share.tokens[spec.media_rows[m0] : spec.media_rows[m1]])
+        rows = None if share is None else sum(share.plan.tokens[spec.media_rows[m0] : spec.media_rows[m1]])
         yield kind, rows
 
 
@@ -237,12 +238,13 @@ def _shared(share: Share, failed, outputs: dict, batch, patches, ref_grads, own_
     device = patches.device
     if failed is not None:
         return Shared(share, device, failed)
-    outputs = {name: _own_only(figure, share.own_rows(share.tokens, figure.device)) for name, figure in outputs.items()}
+    mine = share.own_tokens(device)
+    outputs = {name: _own_only(figure, mine.to(figure.device)) for name, figure in outputs.items()}
     if not grads:
         return Shared(share, device, None, outputs)
     # rows no chunk here reached have no exact gradient: their figure is their owner's
     figure = 2 * segment_relative(_grad(batch.patches), _grad(patches), batch.cu_seqlens)
-    figure = _own_only(figure, share.own_rows([1] * len(share.owner), figure.device))
+    figure = _own_only(figure, share.own_rows(figure.device))
     own = [torch.zeros_like(p) if o is None else o for o, p in zip(own, params)]
     own_figure = 2 * relative(own_grads, own) if own_grads is not None else 0.0
     if not sketch.pays(sum(o.numel() for o in own)):

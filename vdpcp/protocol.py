@@ -176,6 +176,10 @@ class Ownership:
     def rows_of(self, rank: int) -> list[int]:
         return [row for row, r in enumerate(self.owner) if r == rank]
 
+    def own_tokens(self, rank: int) -> list[bool]:
+        """Per row of the gathered features (in row order), whether it comes from one of ``rank``'s rows."""
+        return [owner == rank for owner, tokens in zip(self.owner, self.tokens) for _ in range(tokens)]
+
 
 @dataclass(frozen=True)
 class MediaAxes:

@@ -13,7 +13,7 @@ import torch
 from vdpcp import oracle, precision, sketch
 from vdpcp.case import Case
 from vdpcp.impls import resolve
-from vdpcp.protocol import outputs_of
+from vdpcp.protocol import Ownership, outputs_of
 from vdpcp.scenarios import SCENARIOS, matrix
 
 SPECS = {s.spec.name: s.spec for s in SCENARIOS}
@@ -55,7 +55,7 @@ def _measured(ctx, spec_name: str, dtype: str, width: int | None, raise_on: int 
     for p in model.parameters():
         p.grad = None
     kinds = oracle.own_media(plan, case.spec, ctx.rank)
-    share = precision.Share(None, ctx.rank, tuple(plan.owner), tuple(plan.tokens))
+    share = precision.Share(None, ctx.rank, plan)
     args = (model, batch, out, grads, own_grads, summed, own_weights, True)
     if raise_on is not None:
         part = precision.measure(_Raising(impl, ctx.rank == raise_on), *args, kinds=kinds, share=share)
@@ -130,7 +130,7 @@ def test_a_shared_exact_run_without_the_media_s_owners_is_refused_before_any_col
     impl = resolve("reference")
     with pytest.raises(ValueError, match="a shared exact run needs the media's kinds"):
         precision.measure(impl, None, None, {}, [], None, {}, None, True, kinds=None,
-                          share=precision.Share(None, 0, (0,), (1,)))
+                          share=precision.Share(None, 0, Ownership((0,), (1,), (0,))))
 
 
 # --- where the oracle shares it ----------------------------------------------------------------------------------
@@ -199,7 +199,7 @@ def _wrong_tokens(ctx):
     out = {"features": impl.encode(model, impl.inputs(batch)).detach()}
     plan = impl.plan(case.spec, case.config)
     extra = () if ctx.rank == 0 else (1,)  # a row past the microbatch's: its chunks run, its masks cannot be laid
-    share = precision.Share(None, ctx.rank, tuple(plan.owner) + extra, tuple(plan.tokens) + extra)
+    share = precision.Share(None, ctx.rank, Ownership(plan.owner + extra, plan.tokens + extra, plan.placeholders))
     part = precision.measure(impl, model, batch, out, None, None, {}, None, False,
                              kinds=oracle.own_media(plan, case.spec, ctx.rank), share=share)
     try:
@@ -235,13 +235,12 @@ def _dealt(ctx, impl):
     model = resolve("automodel").build_model(case, torch.bfloat16, torch.device("cpu"))
     out = outputs_of(resolve("automodel").encode(model, resolve("automodel").inputs(spec.tensors(dtype=torch.bfloat16))),
                      "automodel.encode")
-    summed = {name: torch.ones_like(t) for name, t in out.items()}
     try:
-        share, kinds, split = oracle._dealt_share(impl, spec, out, summed, None, ctx.rank)
+        deal = oracle._deal(impl, spec, out, None)
     except ValueError as err:
         return str(err)
-    rows = [i for i, hit in enumerate(split["features"].any(dim=-1).tolist()) if hit]
-    return share.owner, kinds, rows, out["features"].shape[0]
+    rows = [i for i, hit in enumerate(deal.own_tokens(ctx.rank)) if hit]
+    return deal.owner, oracle.own_media(deal, spec, ctx.rank), rows, out["features"].shape[0]
 
 
 @pytest.mark.distributed
