@@ -684,14 +684,16 @@ def _check_param_grads(result, model, expected, group, extra, dtype, slack) -> l
         parts = comm.all_reduce_sums((extra if summed_extra is None else []) + grads, group)
         if summed_extra is None:
             summed_extra, parts = parts[: len(extra)], parts[len(extra):]
-        for i, got in zip(bucket, parts):
-            want = expected[i] if expected[i] is not None else torch.zeros_like(got)
-            result.param_grad_err = max(result.param_grad_err, precision.max_abs(got, want))
-            if low:
-                diff_sq += (got.double() - want.double()).square().sum().item()
-                scale_sq += want.double().square().sum().item()
-            elif not any("param grads (summed over ranks)" in f for f in result.failures):
-                _fail(result, precision.compare(f"param grads (summed over ranks): {params[i][0]}", got, want))
+        def pairs(bucket=bucket, parts=parts):  # a generator each time: a missing gradient's zeros one run at a time
+            return ((params[i][0], got, expected[i] if expected[i] is not None else torch.zeros_like(got))
+                    for i, got in zip(bucket, parts))
+
+        result.param_grad_err = max(result.param_grad_err, precision.max_abs_each(pairs()))
+        if low:
+            bucket_diff_sq, bucket_scale_sq = precision.squared_norms(pairs())
+            diff_sq, scale_sq = diff_sq + bucket_diff_sq, scale_sq + bucket_scale_sq
+        elif not any("param grads (summed over ranks)" in f for f in result.failures):
+            _fail(result, precision.compare_each("param grads (summed over ranks)", pairs()))
     if low:
         _fail(result, precision.compare_vector("param grads (summed over ranks)", diff_sq, scale_sq, dtype, slack))
     return summed_extra
@@ -713,20 +715,16 @@ def _check_sketched_param_grads(result, params, expected, group, extra, dtype, s
 
 def _check_rank_alone(result, model, expected, dtype, slack) -> None:
     """This rank's own parameter gradients against its own share of the unsharded ones (no collective)."""
-    diff_sq = scale_sq = 0.0
-    for (name, p), want in zip(model.named_parameters(), expected):
-        got = p.grad if p.grad is not None else torch.zeros_like(p)
-        result.param_grad_err = max(result.param_grad_err, precision.max_abs(got, want))
-        if precision.low(dtype):
-            diff_sq += (got.double() - want.double()).square().sum().item()
-            scale_sq += want.double().square().sum().item()
-        else:
-            why = precision.compare(f"param grads (this rank alone): {name}", got, want)
-            if why:
-                result.failures.append(why)
-                return
+    def pairs():  # a generator each time: a missing gradient's zeros one run at a time, never a tower's worth
+        return ((name, p.grad if p.grad is not None else torch.zeros_like(p), want)
+                for (name, p), want in zip(model.named_parameters(), expected))
+
+    result.param_grad_err = max(result.param_grad_err, precision.max_abs_each(pairs()))
     if precision.low(dtype):
-        _fail(result, precision.compare_vector("param grads (this rank alone)", diff_sq, scale_sq, dtype, slack))
+        _fail(result, precision.compare_vector("param grads (this rank alone)", *precision.squared_norms(pairs()),
+                                               dtype, slack))
+    else:
+        _fail(result, precision.compare_each("param grads (this rank alone)", pairs()))
 
 
 def _buckets(params) -> list[list[int]]:

@@ -400,6 +400,68 @@ def compare(what: str, actual: torch.Tensor, expected: torch.Tensor) -> str | No
     return None
 
 
+def compare_each(what: str, named) -> str | None:
+    """compare() over (name, actual, expected) triples: why the first that differs does (named), or None. Runs of
+    small ones that share a dtype, a device and their shapes are compared as one, laid end to end: the same elements
+    against the same tolerances, without a tower's dozens of small comparisons (a toy tower's parameter gradients,
+    compared one by one, were 4% of the CPU suite's matrix); only a run that fails is looked at one by one."""
+    for run in _runs(named):
+        if _uniform(run):
+            try:
+                torch.testing.assert_close(_end_to_end(a for _, a, _ in run), _end_to_end(e for _, _, e in run))
+                continue
+            except AssertionError:
+                pass
+        for name, actual, expected in run:
+            why = compare(f"{what}: {name}", actual, expected)
+            if why:
+                return why
+    return None
+
+
+def max_abs_each(named) -> float:
+    """The largest max_abs over (name, actual, expected) triples (0.0 for none)."""
+    return max((max_abs(_end_to_end(a for _, a, _ in run), _end_to_end(e for _, _, e in run)) if _uniform(run)
+                else max(max_abs(a, e) for _, a, e in run) for run in _runs(named)), default=0.0)
+
+
+def squared_norms(named) -> tuple[float, float]:
+    """|actual - expected|^2 and |expected|^2 over (name, actual, expected) triples as one vector, in float64."""
+    diff_sq = scale_sq = 0.0
+    for run in _runs(named):
+        a = torch.cat([t.detach().double().reshape(-1) for _, t, _ in run])
+        e = torch.cat([t.detach().double().reshape(-1).to(a.device) for _, _, t in run])
+        diff_sq += (a - e).square().sum().item()
+        scale_sq += e.square().sum().item()
+    return diff_sq, scale_sq
+
+
+# Elements laid end to end at most (a larger tensor is a run alone): a few MB more in float64, never a tower's copy.
+END_TO_END = 1 << 20
+
+
+def _runs(named):
+    run, size = [], 0
+    for item in named:
+        if run and size + item[1].numel() > END_TO_END:
+            yield run
+            run, size = [], 0
+        run.append(item)
+        size += item[1].numel()
+    if run:
+        yield run
+
+
+def _uniform(run) -> bool:
+    dtype, device = run[0][1].dtype, run[0][1].device
+    return all(a.shape == e.shape and a.dtype == e.dtype == dtype and a.device == e.device == device
+               for _, a, e in run)
+
+
+def _end_to_end(tensors) -> torch.Tensor:
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
 def compare_rows(what: str, actual, expected, slack: torch.Tensor | None, unit: str = "row",
                  cu_seqlens=None, names=None) -> str | None:
     """Per row (or per microbatch row of packed patches, with ``cu_seqlens``): |actual - expected| <= (rtol + slack)

@@ -331,3 +331,37 @@ def test_every_devices_hash_step_is_a_positive_count_and_a_gpus_the_larger():
     the larger steps, each a few kernel launches."""
     steps = model_cache._HASH_CHUNK
     assert all(isinstance(n, int) and n >= 1 for n in steps.values()) and steps["cuda"] > steps["cpu"], steps
+
+
+class _Mixed(torch.nn.Module):
+    """Tensors of every width (bf16, float32, float64, complex64), an empty one, and one larger than a hash step."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        for i, (n, dtype) in enumerate([(3, torch.float64), (2, torch.bfloat16), (4, torch.float64), (0, torch.float32),
+                                        (5, torch.float32), (11, torch.float64), (2, torch.complex64),
+                                        (1, torch.bfloat16), (3, torch.float64)]):
+            self.register_parameter(f"p{i}", torch.nn.Parameter(torch.randn(n).to(dtype), requires_grad=False))
+
+
+@pytest.mark.parametrize("step", [8, 1 << 16])
+def test_the_fingerprint_hashes_small_tensors_together_as_each_alone(monkeypatch, step):
+    """Runs of small tensors are hashed in one pass: each tensor's figure is still its own _bits, whatever the runs
+    (8 elements a step: several runs, and the 11-element tensor alone in two chunks)."""
+    monkeypatch.setitem(model_cache._HASH_CHUNK, "cpu", step)
+    model = _Mixed()
+    tensors = list(model_cache._state(model).values())
+    assert model_cache.fingerprint(model).tolist() == [model_cache._bits(t).item() for t in tensors]
+
+
+def test_a_run_hashed_together_is_one_width_and_at_most_a_step_a_larger_tensor_alone(monkeypatch):
+    monkeypatch.setitem(model_cache._HASH_CHUNK, "cpu", 8)
+    tensors = list(model_cache._state(_Mixed()).values())
+    runs = model_cache._batches(tensors)
+    assert sorted(i for run in runs for i in run) == list(range(len(tensors)))
+    for run in runs:
+        widths = {tensors[i].element_size() // (2 if tensors[i].is_complex() else 1) for i in run}
+        assert len(widths) == 1 and (sum(tensors[i].numel() for i in run) <= 8 or len(run) == 1), run
+    assert [5] in runs  # the 11-element tensor
+    assert any(len(run) > 1 for run in runs)

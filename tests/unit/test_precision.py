@@ -184,3 +184,46 @@ def test_float16_compares_with_its_own_rtol():
     said = precision.compare_rows("outputs", expected * 1.01, expected, None, "token")
     assert said == ("outputs: 2 of 2 tokens off; token 0: relative 2-norm error 0.00977 exceeds torch.float16's rtol "
                     "0.001"), said
+
+
+def _pairs(n=6, size=5, dtype=torch.float64):
+    torch.manual_seed(3)
+    return [(f"p{i}", torch.randn(size, dtype=dtype), None) for i in range(n)]
+
+
+@pytest.mark.parametrize("end_to_end", [precision.END_TO_END, 7])
+def test_compare_each_names_the_first_pair_off_inside_a_run_laid_end_to_end(monkeypatch, end_to_end):
+    """7 elements a run: the pairs are split over runs (a 5-element one each); the default: all in one run."""
+    monkeypatch.setattr(precision, "END_TO_END", end_to_end)
+    pairs = [(name, a, a.clone()) for name, a, _ in _pairs()]
+    assert precision.compare_each("grads", pairs) is None
+    pairs[4][1][2] += 1e-3
+    pairs[5][1][0] += 1e-3
+    why = precision.compare_each("grads", pairs)
+    assert why is not None and why.startswith("grads: p4: Tensor-likes are not close!"), why
+
+
+def test_compare_each_tells_a_pair_whose_dtype_differs_where_laying_them_end_to_end_would_promote_it():
+    pairs = [(name, a, a.clone()) for name, a, _ in _pairs()]
+    pairs[2] = ("p2", pairs[2][1], pairs[2][2].float())
+    why = precision.compare_each("grads", pairs)
+    assert why is not None and why.startswith("grads: p2: The values for attribute 'dtype' do not match"), why
+
+
+@pytest.mark.parametrize("end_to_end", [precision.END_TO_END, 7])
+def test_max_abs_and_squared_norms_each_are_the_pairs_figures(monkeypatch, end_to_end):
+    monkeypatch.setattr(precision, "END_TO_END", end_to_end)
+    pairs = [(name, a, a + 0.01 * torch.randn_like(a)) for name, a, _ in _pairs(n=5)] + [
+        ("odd", torch.ones(3, dtype=torch.float32), torch.zeros(3, dtype=torch.float64))]
+    assert precision.max_abs_each(pairs) == max(precision.max_abs(a, e) for _, a, e in pairs)
+    diff_sq, scale_sq = precision.squared_norms(pairs)
+    assert diff_sq == pytest.approx(sum((a.double() - e).square().sum().item() for _, a, e in pairs), rel=1e-12)
+    assert scale_sq == pytest.approx(sum(e.double().square().sum().item() for _, _, e in pairs), rel=1e-12)
+    assert precision.max_abs_each([]) == 0.0 and precision.squared_norms([]) == (0.0, 0.0)
+
+
+def test_no_more_than_end_to_end_elements_are_laid_end_to_end_but_a_larger_tensor_alone(monkeypatch):
+    """The bound on what laying pairs end to end copies: a real-size tower's gradients are never copied whole."""
+    monkeypatch.setattr(precision, "END_TO_END", 7)
+    pairs = [(n, torch.zeros(k), None) for n, k in [("a", 3), ("b", 4), ("c", 1), ("d", 9), ("e", 2), ("f", 5)]]
+    assert [[name for name, _, _ in run] for run in precision._runs(pairs)] == [["a", "b"], ["c"], ["d"], ["e", "f"]]
