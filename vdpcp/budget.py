@@ -95,8 +95,9 @@ def limit(device: str = "cpu") -> tuple[int, str]:
     env = os.environ.get(ENV)
     if env is not None and env.strip():
         return parse_bytes(env, ENV), f"{ENV}={env.strip()}"
-    if device == "cuda":
-        return int(0.9 * gpu_memory()), "nine tenths of the GPU's memory"
+    if device == "cuda":  # the GPU's whole memory named too: the figure after "of" is the limit, not the GPU
+        total = gpu_memory()
+        return int(0.9 * total), f"the GPU's limit (nine tenths of its {human(total)})"
     return DEFAULT_LIMIT, "the default limit"
 
 

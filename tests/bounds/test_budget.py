@@ -325,3 +325,11 @@ def test_a_bad_long_spec_names_its_first_bad_entry_and_is_not_printed_whole():
     with pytest.raises(SpecError, match=r"sums to 100000, expected len\(images\) = 100001") as bad:
         MicrobatchSpec.from_dict({"images": [[8, 8]] * 100_001, "num_frames": [1] * 100_000})
     assert len(str(bad.value)) < 300
+
+
+def test_a_gpus_limit_is_told_as_nine_tenths_of_its_memory_not_as_its_memory(monkeypatch):
+    """The H200's refusal read "over nine tenths of the GPU's memory of 125.8 GiB", as if the GPU held 125.8 GiB."""
+    monkeypatch.delenv(budget.ENV, raising=False)
+    monkeypatch.setattr(budget, "gpu_memory", lambda: int(139.8 * 2**30))
+    allowed, where = budget.limit("cuda")
+    assert allowed == int(0.9 * 139.8 * 2**30) and where == "the GPU's limit (nine tenths of its 139.8 GiB)"
