@@ -97,23 +97,23 @@ def fingerprint(model: torch.nn.Module) -> torch.Tensor:
 
 
 def _batches(tensors: list[torch.Tensor]) -> list[list[int]]:
-    """Indices of ``tensors`` in runs that are hashed together: on one device, of one element size, up to one hash
-    step of elements in all; a tensor larger than a step is a run alone. A tower's many small tensors (norms,
-    biases) then cost a few kernels in all, not a dozen each: the hash was 3.4-6.5 ms of a toy tower's release, one
-    tensor at a time, on this 2-core machine."""
-    runs: dict[tuple, list[int]] = {}
+    """Indices of ``tensors`` in runs that are hashed together: on one device, up to one hash step of elements in
+    all; a tensor of a step or more is a run alone (hashed in chunks). A tower's many small tensors (norms, biases)
+    then cost a few kernels in all, not a dozen each: the hash was 3.4-6.5 ms of a toy tower's release, one tensor
+    at a time, on this 2-core machine. Widths may mix in a run: laid end to end they widen to the widest, and a
+    signed integer keeps its value when it widens, so each element's bits are what they were."""
+    runs: dict[torch.device, list[int]] = {}
     out: list[list[int]] = []
+    sizes = [t.numel() * (2 if t.is_complex() else 1) for t in tensors]  # elements hashed: a complex one's two parts
     for i, t in enumerate(tensors):
-        width = t.element_size() // (2 if t.is_complex() else 1)
         step = _HASH_CHUNK.get(t.device.type, _HASH_CHUNK["cuda"])
-        if t.numel() >= step:
+        if sizes[i] >= step:
             out.append([i])
             continue
-        key = (t.device, width)
-        run = runs.setdefault(key, [])
-        if run and sum(tensors[j].numel() for j in run) + t.numel() > step:
+        run = runs.setdefault(t.device, [])
+        if run and sum(sizes[j] for j in run) + sizes[i] > step:
             out.append(run)
-            run = runs[key] = []
+            run = runs[t.device] = []
         run.append(i)
     return out + [run for run in runs.values() if run]
 
