@@ -187,10 +187,10 @@ def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weig
     failed = None
     with highest_precision(), torch.set_grad_enabled(grads):  # outputs only: no graph to keep
         try:
-            for (kind, rows), sub in zip(_chunk_plan(batch.spec, chunk or EXACT_CHUNK, kinds, share),
-                                         media_chunks(replace(batch, patches=patches), chunk or EXACT_CHUNK, kinds)):
-                if share is not None and kind == "other":  # another rank's: it runs this chunk
-                    start += rows
+            for media, sub in _media_chunks(replace(batch, patches=patches), chunk or EXACT_CHUNK, kinds):
+                first, stop = media
+                if share is not None and first < stop and kinds[first] == "other":  # another rank's: it runs it
+                    start += sum(share.plan.tokens[batch.spec.media_rows[first] : batch.spec.media_rows[stop]])
                     continue
                 out = outputs_of(impl.encode(exact, impl.inputs(sub)), f"{impl.name}.encode")
                 rows = next(iter(out.values())).shape[0]
@@ -218,16 +218,6 @@ def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weig
     summed = [r if o is None else o if r is None else r.add_(o) for o, r in zip(own, rest)]
     own_figure = 2 * relative(own_grads, own) if own_grads is not None else 0.0
     return Rounding(outputs, input_figure, 2 * relative(ref_grads, summed), own_figure)
-
-
-def _chunk_plan(spec, chunk: int, kinds, share: Share | None):
-    """(kind, output rows) of each chunk media_chunks makes; the rows from the plan where a chunk may be skipped
-    (``share``), else None (counted from its outputs)."""
-    groups = spec.media_groups(chunk, kinds) if spec.media_frames else [(0, 0)]
-    for m0, m1 in groups:
-        kind = kinds[m0] if kinds is not None and spec.media_frames else None
-        rows = None if share is None else sum(share.plan.tokens[spec.media_rows[m0] : spec.media_rows[m1]])
-        yield kind, rows
 
 
 def _shared(share: Share, failed, outputs: dict, batch, patches, ref_grads, own_grads, own: list, params,
@@ -308,17 +298,22 @@ def media_chunks(batch, chunk: int, kinds=None):
     """``batch`` as consecutive microbatches of whole media items, each of at most ``chunk`` patches (an item
     larger than that alone) and of one of ``kinds`` (MicrobatchSpec.media_groups); views of its patches, so
     gradients reach the whole."""
+    return (sub for _, sub in _media_chunks(batch, chunk, kinds))
+
+
+def _media_chunks(batch, chunk: int, kinds=None):
+    """media_chunks, each chunk with the media items it holds, (first, stop); (0, 0) for a batch without media."""
     spec = batch.spec
     if not spec.media_frames:
-        yield batch
+        yield (0, 0), batch
         return
     cu, rows = [int(c) for c in batch.cu_seqlens], spec.media_rows
     for m0, m1 in spec.media_groups(chunk, kinds):
         r0, r1 = rows[m0], rows[m1]
         sub = replace(spec, images=spec.images[r0:r1],
                       num_frames=None if spec.num_frames is None else spec.num_frames[m0:m1], name=f"{spec.name}[{m0}:{m1}]")
-        yield replace(batch, spec=sub, patches=batch.patches[:, cu[r0] : cu[r1]], imgs_sizes=batch.imgs_sizes[r0:r1],
-                      cu_seqlens=batch.cu_seqlens[r0 : r1 + 1] - batch.cu_seqlens[r0])
+        yield (m0, m1), replace(batch, spec=sub, patches=batch.patches[:, cu[r0] : cu[r1]],
+                                imgs_sizes=batch.imgs_sizes[r0:r1], cu_seqlens=batch.cu_seqlens[r0 : r1 + 1] - batch.cu_seqlens[r0])
 
 
 def _backward(params, out, summed: dict, share: dict | None, own: list, rest: list, dtype) -> tuple[list, list]:
