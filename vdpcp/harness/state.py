@@ -74,29 +74,48 @@ def release_libraries(destroy_groups: bool = True) -> None:
         return
     groups = groups_held_by(parallel_state) if destroy_groups else []
     parallel_state.destroy_model_parallel()
+    destroy_together(groups)
+
+
+def destroy_together(groups: list) -> None:
+    """Destroy each process group, then drop the last references to them, each on a thread of its own, and wait.
+
+    A gloo group's destructor joins its transport's event-loop thread, which sees the request to stop only when its
+    poll times out: MCore's 20 groups, freed one after another, slept 0.19 s a rank after every MCore case (0.01 s
+    of CPU); freed together, 0.01 s (world 1, this machine). ``groups`` is emptied: the threads hold the last
+    references, so a group that something else still holds is simply not freed yet.
+    """
+    import threading
+
     import torch.distributed as dist
 
-    for group in groups:
-        dist.destroy_process_group(group)
+    for _ in map(dist.destroy_process_group, groups):  # no loop variable left holding the last group
+        pass
+    threads = [threading.Thread(target=holder.clear, name="vdpcp-free-group") for holder in ([g] for g in groups)]
+    groups.clear()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def groups_held_by(module) -> list:
-    """The process groups a module's globals hold, alone or in lists, tuples and dicts; never the default group."""
+    """The process groups a module's globals hold, alone or in lists, tuples and dicts; never the default group.
+
+    A walk over a work list, not a function that calls itself: a nested function that recurses is a reference cycle
+    (it holds itself in its closure), which kept every group it found, and their gloo threads, alive until the
+    garbage collector's next pass, in the middle of the next case (0.2-0.35 s of joins there, per rank)."""
     import torch.distributed as dist
 
     found: dict[int, object] = {}
-
-    def visit(value, depth: int = 0) -> None:
+    pending = [(value, 0) for value in vars(module).values()]
+    while pending:
+        value, depth = pending.pop(0)
         if isinstance(value, dist.ProcessGroup):
             if value is not dist.group.WORLD:
                 found.setdefault(id(value), value)
         elif isinstance(value, (list, tuple)) and depth < 2:
-            for item in value:
-                visit(item, depth + 1)
+            pending += [(item, depth + 1) for item in value]
         elif isinstance(value, dict) and depth < 2:
-            for item in value.values():
-                visit(item, depth + 1)
-
-    for value in list(vars(module).values()):
-        visit(value)
+            pending += [(item, depth + 1) for item in value.values()]
     return list(found.values())
