@@ -136,11 +136,18 @@ def threads_around_release(ctx):
 
     from vdpcp.harness.state import release_libraries
 
+    def name(task):
+        try:
+            return (task / "comm").read_text().strip()
+        except FileNotFoundError:  # a thread that ended while the others were read
+            return None
+
     def threads():
-        return sorted((Path(task) / "comm").read_text().strip() for task in Path("/proc/self/task").iterdir())
+        return sorted(filter(None, map(name, Path("/proc/self/task").iterdir())))
 
     before = threads()
     install_parallel_state_holding_groups(ctx)
+    connect_the_libraries_groups(ctx)
     during = threads()
     gc.disable()
     try:
@@ -154,6 +161,15 @@ def threads_around_release(ctx):
 
 def gloo_threads(names):
     return [name for name in names if "gloo" in name.lower()]
+
+
+def connect_the_libraries_groups(ctx):
+    """Ranks' gloo connects lazily: a group has its threads once it is used. (A function of its own, so that no
+    variable of the caller's is left holding a group the release must free.)"""
+    fake = sys.modules[PARALLEL_STATE]
+    for group in [fake._CONTEXT_PARALLEL_GROUP, *fake._DATA_PARALLEL_GROUPS]:
+        if ctx.rank in dist.get_process_group_ranks(group):
+            dist.barrier(group=group)
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts native threads in /proc (Linux)")
