@@ -4,7 +4,6 @@ import os
 import pickle
 import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
@@ -130,20 +129,15 @@ def test_the_groups_a_librarys_parallel_state_made_are_destroyed_with_it_after_e
 
 
 def threads_around_release(ctx):
-    """This rank's native threads by name before a library's groups, with them, and at once after release_libraries
+    """This rank's OS threads by name before a library's groups, with them, and at once after release_libraries
     with the garbage collector off: the groups' threads must be gone with the release itself."""
     import gc
 
+    from vdpcp.harness.forkcheck import thread_names
     from vdpcp.harness.state import release_libraries
 
-    def name(task):
-        try:
-            return (task / "comm").read_text().strip()
-        except FileNotFoundError:  # a thread that ended while the others were read
-            return None
-
     def threads():
-        return sorted(filter(None, map(name, Path("/proc/self/task").iterdir())))
+        return sorted(thread_names().values())
 
     before = threads()
     install_parallel_state_holding_groups(ctx)

@@ -34,7 +34,7 @@ import sys
 import warnings
 
 from vdpcp import third_party
-from vdpcp.harness import worker
+from vdpcp.harness import forkcheck, worker
 
 MAX_MESSAGE = 1 << 16
 ZYGOTE_CANARY_S = 30.0  # a child that only reads a flag and exits: milliseconds, unless the machine is starved
@@ -70,7 +70,7 @@ def main(argv: list[str]) -> None:
     for name in filter(None, preload.split(",")):
         importlib.import_module(name)
     tolerated = tuple(filter(None, _option(argv, "--tolerate-threads").split(",")))
-    names = _thread_names()
+    names = sorted(forkcheck.thread_names().values())  # the threads besides the main one
     others = [name for name in names if not name.startswith(tolerated)]
     if others:
         sys.exit(f"vdpcp zygote: after importing torch and {preload or 'nothing else'} this process has "
@@ -143,19 +143,6 @@ def _child_in_bad_fork() -> bool:
         os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     return answer != b"0"  # no answer in time counts as bad too
-
-
-def _thread_names() -> list[str]:
-    """The OS names of this process's threads other than the main one."""
-    tids = sorted(int(tid) for tid in os.listdir("/proc/self/task") if int(tid) != os.getpid())
-    names = []
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as comm:
-                names.append(comm.read().strip())
-        except FileNotFoundError:  # it ended meanwhile
-            pass
-    return names
 
 
 def _become_worker(sock, workers: dict[int, int], fd: int, rank: int, log_path: str, stack_path: str, zygote_pid: int):
