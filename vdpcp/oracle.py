@@ -608,7 +608,7 @@ def _judge_distribution(result: RankResult, read: torch.Tensor, plan, sharded: b
                                         f"rows: {why}")
         return
     if replicated_run:
-        result.not_sharded.append(f"not sharded: every CP rank's tower encoded all {rows} rows, so the microbatch was "
+        result.not_sharded.append(f"not sharded: every CP rank's tower read all {rows} rows, so the microbatch was "
                                   f"encoded {cp} times (vision_dp_over_cp is on at CP={cp})")
         return
     readers = {row: _readers(read, row) for row in range(rows)}
@@ -618,8 +618,8 @@ def _judge_distribution(result: RankResult, read: torch.Tensor, plan, sharded: b
                                   f"({_few(twice)})")
     nowhere = [str(row) for row, ranks in readers.items() if not ranks]
     if nowhere:
-        result.failures.append(f"execution: row(s) {_few(nowhere)} reached no rank's tower, so their features cannot "
-                               f"come from their pixels")
+        result.failures.append(f"execution: row(s) {_few(nowhere)} reached no rank's tower (no rank's tower input held "
+                               f"their pixels)")
     if plan is not None:
         moved = [f"row {row} encoded on rank {ranks[0]}, the plan says rank {plan.owner[row]}"
                  for row, ranks in readers.items() if len(ranks) == 1 and row < len(plan.owner) and ranks != [plan.owner[row]]]
