@@ -549,16 +549,13 @@ class Execution:
         return {name for name, rows in self.calls.items() if rows > 0}
 
 
-CONVOLUTIONS = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
-
-
 def input_rows(module: torch.nn.Module, tensor: torch.Tensor | None) -> int:
     """Rows a module takes: its input's elements over one row's. A convolution's row is one kernel window over
     every input channel (a patch, for a tower's patch embedding, however its input is shaped); anything
     else's is the last dimension."""
     if tensor is None or tensor.dim() == 0:
         return 0
-    if isinstance(module, CONVOLUTIONS):
+    if isinstance(module, reads.CONVOLUTIONS):
         per_row = module.in_channels * math.prod(module.kernel_size)
     else:
         per_row = tensor.shape[-1]

@@ -599,6 +599,10 @@ class _RefusedBackward(torch.autograd.Function):
         _no_deterministic_kernel(grad)
         return grad
 
+    @staticmethod
+    def jvp(ctx, tangent):  # forward-mode: the identity, as its forward, so vdpcp's row codes pass through it
+        return tangent.clone()
+
 
 class NoDeterministicKernel(Reference):
     """A tower op with no deterministic kernel, in its forward (``where="forward"``) or its backward: the case runs
