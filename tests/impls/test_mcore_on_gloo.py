@@ -38,7 +38,7 @@ def test_gather_before_project_is_killed_by_its_rank_alone_gradients(case_id):
 def test_a_placeholder_rank_that_skips_its_tower_is_killed_by_the_execution_check():
     judged = run_judged(CASES["one-image-cp2-mcore-count"].with_(impl=SKIPS_TOWER), backend="gloo")
     assert judged.verdict == "fail", judged.result.summary()
-    assert judged.result.failures[0].startswith("rank 1: execution: rank 1 (CP rank 1) did not run its tower")
+    assert judged.result.failures[0].startswith("rank 1: execution: rank 1 (CP rank 1) read no row and ran no layer of its tower")
 
 
 def test_an_implementation_that_never_calls_torch_distributed_nn_is_not_said_to_have():

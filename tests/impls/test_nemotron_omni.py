@@ -232,7 +232,7 @@ def test_a_rank_of_placeholders_that_skips_the_tower_fails_outputs_only_too():
     judged = run_judged(Case(SPECS["one-image"], 2, "tests.impls.test_nemotron_omni:omni_placeholder_skips",
                              grads=False), backend="gloo")
     said = " | ".join(judged.result.failures)
-    assert judged.verdict == "fail" and "rank 1: execution: rank 1 (CP rank 1) did not run its tower on any row" \
+    assert judged.verdict == "fail" and "rank 1: execution: rank 1 (CP rank 1) read no row and ran no layer of its tower" \
            in said, said
 
 

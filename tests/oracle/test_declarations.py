@@ -10,6 +10,7 @@ from vdpcp import expectations
 from vdpcp.case import Case
 from vdpcp.impls import KnownLimit
 from vdpcp.impls.reference import Reference
+from vdpcp.model import output_tokens
 from vdpcp.runner import run_judged
 from vdpcp.scenarios import EMPTY, SCENARIOS, Scenario, cases_of
 
@@ -140,8 +141,10 @@ def test_a_gather_with_no_graph_is_one_line_per_rank_after_outputs_and_reads_wer
     # off with the run, and a GPU's GEMMs of a sub-batch may round apart from the whole microbatch's).
     verdict, why, result = _run("undeclared_graphless_gather")
     assert verdict == "fail", result.summary()
-    assert result.failures == [f"rank {r}: outputs 'features' on rank {r} have no autograd graph: the gather is not "
-                               f"differentiable (e.g. dist.all_gather), so no gradient reaches the tower" for r in (0, 1)]
+    rows = sum(output_tokens(grid) for grid in result.case.spec.grids)  # still images: one grid each
+    assert result.failures == [f"rank {r}: outputs 'features' on rank {r} (CP rank {r}) hold {rows} rows and require no "
+                               f"grad, where the unsharded ones carry an autograd graph (its tower read rows "
+                               f"{result.ranks[r].read}): no gradient flows back through them" for r in (0, 1)]
     assert result.max_err("out_err") == 0.0 and [r.read for r in result.ranks] == _planned(result.case)
 
 
@@ -154,8 +157,8 @@ def test_a_gather_with_no_graph_is_one_line_per_rank_after_outputs_and_reads_wer
 def test_an_empty_rank_that_skips_its_tower_fails_outputs_only_and_forward_only_cases_too(impl, grads):
     verdict, why, result = _run(impl, "one-image", grads=grads)
     assert verdict == "fail", result.summary()
-    assert ("rank 1: execution: rank 1 (CP rank 1) did not run its tower on any row (layers never run: "
-            in _said(result)), _said(result)
+    assert ("rank 1: execution: rank 1 (CP rank 1) read no row and ran no layer of its tower (its plan gives it no row "
+            "and 1 placeholder; layers never run: " in _said(result)), _said(result)
 
 
 @pytest.mark.distributed
@@ -170,7 +173,8 @@ def test_an_empty_rank_may_skip_a_tower_that_says_it_holds_no_collective(impl, g
 def test_the_placeholder_skip_mutant_dies_in_an_outputs_only_case():
     judged = run_judged(Case(SPECS["one-image"], 2, "reference", grads=False, mutant="placeholder-rank-skips-tower"),
                         backend="gloo")
-    assert judged.verdict == "fail" and "did not run its tower" in _said(judged.result), judged.result.summary()
+    assert judged.verdict == "fail" and "read no row and ran no layer of its tower" in _said(judged.result), \
+        judged.result.summary()
 
 
 # --- known limits of the backward alone --------------------------------------------------------------------

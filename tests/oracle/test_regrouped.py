@@ -40,7 +40,9 @@ def test_a_sub_batch_holds_exactly_those_rows_patches_as_a_leaf_of_its_own():
     sub = regrouped.sub_batch(batch, [3, 5])
     cu = batch.cu_seqlens.tolist()
     assert torch.equal(sub.patches[0], torch.cat([batch.patches[0, cu[3]:cu[4]], batch.patches[0, cu[5]:cu[6]]]))
-    assert sub.patches.is_leaf and sub.patches.requires_grad
+    assert sub.patches.is_leaf and not sub.patches.requires_grad  # pixels are data, as the batch's
+    batch.patches.requires_grad_(True)
+    assert regrouped.sub_batch(batch, [3, 5]).patches.requires_grad  # where the batch's pixels need a gradient
     assert sub.cu_seqlens.tolist() == [0, cu[4] - cu[3], cu[4] - cu[3] + cu[6] - cu[5]]
 
 
