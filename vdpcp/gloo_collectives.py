@@ -1,48 +1,81 @@
-"""torch.distributed.nn's all_to_all on gloo, done right: swapped in around a case's sharded arm on a gloo CP group.
+"""torch's collectives that NCCL runs with uneven sizes, run the same way on gloo: swapped in around a case's
+sharded arm on a gloo CP group.
 
-torch.distributed.nn.functional's autograd all_to_all (class ``_AlltoAll``, which ``all_to_all`` and
-``all_gather``'s backward both call, looking the name up when they run) falls back on gloo to one ``dist.scatter``
-per rank. That fallback needs every tensor to have one size ("ProcessGroupGloo::scatter: invalid tensor size") and
-passes the group rank as the global source rank ("is not part of group" on every CP group but the first in a CP x DP
-layout). NCCL runs a real all_to_all, which has neither limit. MCore's gather_from_context_parallel_ranks_dynamic_res
-goes through it, so on gloo its backward failed whenever CP ranks held different token counts.
+Three names, each looked up by the code under test when it runs:
 
-``on_gloo(group)`` swaps that one name, for the time of a ``with`` block, for a dispatcher that sends gloo groups to
-``GlooAllToAll`` (one gloo ``all_to_all_single`` of the tensors' bytes, which takes uneven split sizes on any
-group; its backward is the reverse exchange, as torch's is) and every other group to torch's own class. Nothing of
-the code under test is touched: MCore calls torch.distributed.nn.functional.all_to_all as it always does.
+- ``torch.distributed.nn.functional._AlltoAll`` (the class torch.distributed.nn's autograd ``all_to_all`` and
+  ``all_gather``'s backward both call). On gloo it falls back to one ``dist.scatter`` per rank, which needs every
+  tensor to have one size ("ProcessGroupGloo::scatter: invalid tensor size") and passes the group rank as the global
+  source rank ("is not part of group" on every CP group but the first in a CP x DP layout). MCore's
+  gather_from_context_parallel_ranks_dynamic_res goes through it, so its backward failed on gloo whenever CP ranks
+  held different token counts.
+- ``torch.distributed.all_gather`` and ``torch.distributed.all_to_all`` (list forms). torch documents uneven sizes
+  for all_gather and NCCL runs both with them; gloo raises "ProcessGroupGloo::allgather (alltoall): invalid tensor
+  size" unless every tensor has one shape. Megatron-Bridge's Qwen3-VL gather is a plain uneven all_gather.
+
+``on_gloo(group)`` swaps these names for the time of a ``with`` block for dispatchers that run vdpcp's stand-in only
+for a gloo group and only where gloo would refuse the sizes: one gloo ``all_to_all_single`` of the tensors' bytes
+(``exchange``), which takes uneven split sizes on any subgroup and any dtype; torch's autograd all_to_all's backward
+is the reverse exchange, as torch's is. Every other call (an NCCL group, equal shapes, a tensor subclass, mixed
+dtypes, a rank outside the group) goes to torch's own function with its arguments untouched. Nothing of the code
+under test is touched: it calls torch's names as it always does. Code that bound torch's function to a name of its
+own at import (``from torch.distributed import all_gather``) is not reached; no shipped or field implementation
+does (docs/layouts.md).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
+from torch.overrides import has_torch_function
 
-REPLACED = "_AlltoAll"  # the name torch's all_to_all and all_gather's backward look up at call time
 NOTE = "vdpcp's gloo all_to_all (torch.distributed.nn's gloo fallback replaced; vdpcp.gloo_collectives)"
+ALL_GATHER_NOTE = "vdpcp's gloo all_gather for uneven sizes (torch.distributed.all_gather; vdpcp.gloo_collectives)"
+ALL_TO_ALL_NOTE = "vdpcp's gloo all_to_all for uneven sizes (torch.distributed.all_to_all; vdpcp.gloo_collectives)"
+# (module, name) -> what a report says where vdpcp's stand-in for it ran
+REPLACED = {(dist_nn, "_AlltoAll"): NOTE, (dist, "all_gather"): ALL_GATHER_NOTE, (dist, "all_to_all"): ALL_TO_ALL_NOTE}
 
 
-def exchange(outputs, inputs, group) -> None:
+def exchange(outputs, inputs, group, collective: str = "all_to_all") -> None:
     """All-to-all by definition: this rank's ``inputs[j]`` lands in rank j's ``outputs[i]`` (i: this rank), any
-    sizes and any dtype. One gloo all_to_all_single of bytes: the exchange moves data and computes nothing."""
+    sizes and any dtype, bytes as they are. The ranks first agree on the sizes (one small all_gather), so sizes
+    that do not match (which NCCL leaves undefined) raise the same error on every rank instead of hanging one."""
     size = dist.get_world_size(group)
     if len(inputs) != size or len(outputs) != size:
-        raise ValueError(f"all_to_all on a group of {size} ranks takes {size} input and {size} output tensors; "
+        raise ValueError(f"{collective} on a group of {size} ranks takes {size} input and {size} output tensors; "
                          f"got {len(inputs)} and {len(outputs)}")
     sent = [_bytes(t) for t in inputs]
-    received = torch.empty(sum(_nbytes(o) for o in outputs), dtype=torch.uint8, device=outputs[0].device)
-    dist.all_to_all_single(received, torch.cat(sent),
-                           output_split_sizes=[_nbytes(o) for o in outputs],
+    expected = [_nbytes(o) for o in outputs]
+    _agree_on_sizes([b.numel() for b in sent], expected, group, collective)
+    received = torch.empty(sum(expected), dtype=torch.uint8, device=outputs[0].device)
+    dist.all_to_all_single(received, torch.cat(sent), output_split_sizes=expected,
                            input_split_sizes=[b.numel() for b in sent], group=group)
-    for out, part in zip(outputs, received.split([_nbytes(o) for o in outputs])):
-        out.copy_(part.view(out.dtype).view(out.shape))
+    with torch.no_grad():  # a collective moves data: it records no graph, as torch's own do not
+        for out, part in zip(outputs, received.split(expected)):
+            out.copy_(part.view(out.dtype).view(out.shape))
+
+
+def _agree_on_sizes(sends: list[int], expects: list[int], group, collective: str) -> None:
+    """Every rank learns what every rank sends and expects; a mismatch raises the same error on all of them."""
+    size = len(sends)
+    mine = torch.tensor(sends + expects, dtype=torch.int64)  # gloo groups always take CPU tensors
+    table = [torch.empty_like(mine) for _ in range(size)]
+    dist.all_gather(table, mine, group=group)  # equal shapes: gloo's own
+    wrong = [(i, j, int(table[i][j]), int(table[j][size + i])) for i in range(size) for j in range(size)
+             if table[i][j] != table[j][size + i]]
+    if wrong:
+        i, j, sends_bytes, expects_bytes = wrong[0]
+        raise ValueError(f"{collective} on gloo: group rank {i} sends group rank {j} {sends_bytes} bytes, which "
+                         f"expects {expects_bytes} ({len(wrong)} pair(s) of ranks disagree on sizes; NCCL's result "
+                         f"is undefined there)")
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().reshape(-1).view(torch.uint8)
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -66,41 +99,108 @@ class GlooAllToAll(torch.autograd.Function):
         return (None, None) + GlooAllToAll.apply(ctx.group, grads, *grad_outputs)
 
 
-class _Dispatch:
-    """What stands under torch's name while swapped: gloo groups to GlooAllToAll, any other to torch's class."""
+def _on_gloo(group) -> bool:
+    return group is not dist.GroupMember.NON_GROUP_MEMBER and dist.get_backend(group) == dist.Backend.GLOO
 
-    def __init__(self, torchs):
+
+def _refused_by_gloo(tensors: list) -> bool:
+    """Plain tensors of one dtype whose shapes gloo's list collectives would refuse (they take one shape only);
+    anything else is torch's to run or to refuse with its own error."""
+    if not all(type(t) is torch.Tensor for t in tensors) or has_torch_function(tuple(tensors)):
+        return False
+    return len({t.dtype for t in tensors}) == 1 and len({t.shape for t in tensors}) > 1
+
+
+class Swap:
+    """What stands under torch's names while swapped; ``calls`` counts, per report note, the calls that vdpcp's
+    stand-in ran (GlooAllToAll's backward runs without coming back here)."""
+
+    def __init__(self, torchs: dict):
         self.torchs = torchs
-        self.calls = 0  # calls it sent to GlooAllToAll (whose backward runs without coming back here)
+        self.calls: Counter[str] = Counter()
+        self.stand_ins = {(dist_nn, "_AlltoAll"): self, (dist, "all_gather"): self.all_gather,
+                          (dist, "all_to_all"): self.all_to_all}
 
     def apply(self, group, out_tensor_list, *tensors):
-        if dist.get_backend(group) != dist.Backend.GLOO:
-            return self.torchs.apply(group, out_tensor_list, *tensors)
-        self.calls += 1
+        """The place of the apply of torch.distributed.nn.functional's _AlltoAll."""
+        if not _on_gloo(group):
+            return self.torchs[dist_nn, "_AlltoAll"].apply(group, out_tensor_list, *tensors)
+        self.calls[NOTE] += 1
         return GlooAllToAll.apply(group, out_tensor_list, *tensors)
+
+    def all_gather(self, tensor_list, tensor, group=None, async_op=False):
+        """torch.distributed.all_gather's place: output ``tensor_list[i]`` holds rank i's ``tensor``."""
+        if not (isinstance(tensor_list, list) and _on_gloo(group) and _refused_by_gloo([tensor, *tensor_list])):
+            return self.torchs[dist, "all_gather"](tensor_list, tensor, group=group, async_op=async_op)
+        self.calls[ALL_GATHER_NOTE] += 1
+        exchange(tensor_list, [tensor] * len(tensor_list), group, "all_gather")
+        return _Done(tensor_list) if async_op else None
+
+    def all_to_all(self, output_tensor_list, input_tensor_list, group=None, async_op=False):
+        """torch.distributed.all_to_all's place: output ``i`` holds what rank i's input ``r`` was (r: this rank)."""
+        tensors = [*input_tensor_list, *output_tensor_list] if isinstance(input_tensor_list, list) else []
+        if not (isinstance(output_tensor_list, list) and tensors and _on_gloo(group) and _refused_by_gloo(tensors)):
+            return self.torchs[dist, "all_to_all"](output_tensor_list, input_tensor_list, group=group,
+                                                  async_op=async_op)
+        self.calls[ALL_TO_ALL_NOTE] += 1
+        exchange(output_tensor_list, input_tensor_list, group, "all_to_all")
+        return _Done(output_tensor_list) if async_op else None
+
+
+class _Done(dist.Work):
+    """What torch returns for ``async_op=True``: a work handle, here for an exchange that has already completed."""
+
+    def __init__(self, outputs: list[torch.Tensor]):
+        super().__init__()
+        self.outputs = outputs
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        future = torch.futures.Future()
+        future.set_result(self.outputs)
+        return future
 
 
 @contextmanager
 def on_gloo(group):
-    """Within the block, torch.distributed.nn's all_to_all (and all_gather's backward) run GlooAllToAll on gloo
-    groups, if ``group`` is a gloo group. Yields the swap (its ``calls`` say whether anything went through it, so
-    a report names it only where it ran), or None where nothing was swapped (an NCCL group: torch's own
-    all_to_all is a real one there). Restored on the way out, raise or not."""
+    """Within the block, torch's names in REPLACED run vdpcp's stand-ins where a call's group is a gloo group and
+    gloo would refuse its sizes, if ``group`` is a gloo group. Yields the swap (its ``calls`` say which stand-ins
+    ran, so a report names those only), or None where nothing was swapped (an NCCL group: torch's own run there).
+    Restored on the way out, raise or not."""
     if group is None or dist.get_backend(group) != dist.Backend.GLOO:  # None: the oracle run in-process, alone
         yield None
         return
-    torchs = getattr(dist_nn, REPLACED, None)
-    if not isinstance(torchs, type) or not issubclass(torchs, torch.autograd.Function):
-        raise RuntimeError(f"torch {torch.__version__}: torch.distributed.nn.functional.{REPLACED} is not the "
-                           f"autograd all_to_all vdpcp.gloo_collectives replaces on gloo (read on torch 2.14)")
-    swap = _Dispatch(torchs)
-    setattr(dist_nn, REPLACED, swap)
+    torchs = {(module, name): getattr(module, name, None) for module, name in REPLACED}
+    _check_torchs(torchs)
+    swap = Swap(torchs)
+    for (module, name), stand_in in swap.stand_ins.items():
+        setattr(module, name, stand_in)
     try:
         yield swap
     finally:
-        setattr(dist_nn, REPLACED, torchs)
+        for (module, name), torchs_own in torchs.items():
+            setattr(module, name, torchs_own)
 
 
-def used(swap: _Dispatch | None) -> str:
-    """What a rank's report says of its collectives: NOTE where the swap ran an exchange, else nothing."""
-    return NOTE if swap is not None and swap.calls else ""
+def _check_torchs(torchs: dict) -> None:
+    """The names hold what vdpcp's stand-ins replace (read on torch 2.14), or the swap would change behaviour."""
+    alltoall = torchs[dist_nn, "_AlltoAll"]
+    expected = {(dist_nn, "_AlltoAll"): isinstance(alltoall, type) and issubclass(alltoall, torch.autograd.Function),
+                (dist, "all_gather"): callable(torchs[dist, "all_gather"]),
+                (dist, "all_to_all"): callable(torchs[dist, "all_to_all"])}
+    for (module, name), ok in expected.items():
+        if not ok:
+            raise RuntimeError(f"torch {torch.__version__}: {module.__name__}.{name} is not the collective "
+                               f"vdpcp.gloo_collectives replaces on gloo (read on torch 2.14)")
+
+
+def used(swap: Swap | None) -> str:
+    """What a rank's report says of its collectives: the note of each stand-in that ran, else nothing."""
+    if swap is None:
+        return ""
+    return "; ".join(note for note in REPLACED.values() if swap.calls[note])

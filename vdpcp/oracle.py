@@ -30,8 +30,8 @@ summed over ranks. ``grads=False`` checks outputs only; so does a forward-only i
 assert_close's; below it, vdpcp.precision (each quantity within the dtype's rtol plus twice this case's own
 unsharded run's measured distance from a higher-precision run).
 
-On a gloo CP group the sharded arm runs with torch.distributed.nn's all_to_all made right for gloo (uneven sizes,
-any subgroup: vdpcp.gloo_collectives), and each rank's result names it where it ran (RankResult.collectives).
+On a gloo CP group the sharded arm runs with the collectives NCCL takes with uneven sizes made right for gloo (any
+subgroup: vdpcp.gloo_collectives), and each rank's result names those that ran (RankResult.collectives).
 
 The model is borrowed from the rank's cache (vdpcp.model_cache): the unsharded arm runs on it, its gradients are
 set aside, and the sharded arm runs on the same weights (or on ``subject_model``'s split of them). Ranks sharing
@@ -101,7 +101,7 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
             _sum_shared(unsharded)  # out of the turn: a collective, and a peer may be waiting for its own turn
             memory.phase("unsharded peak")
             if unsharded is not None:
-                with gloo_collectives.on_gloo(groups.cp) as swap:  # torch.distributed.nn's gloo all_to_all, made right
+                with gloo_collectives.on_gloo(groups.cp) as swap:  # uneven collectives on gloo, as on NCCL
                     _sharded(impl, case, model, unsharded, result, groups, clock)
                 result.collectives = gloo_collectives.used(swap)
                 memory.phase("sharded peak")

@@ -137,12 +137,11 @@ def _bridge_arguments(spec):
     return bridge_arguments(spec.tensors())
 
 
-def test_an_empty_microbatch_encodes_nothing_and_runs_no_collective():
-    spec = MicrobatchSpec((), patch_dim=P)
+def test_an_empty_microbatch_is_not_encoded_and_has_no_vision_features():
+    """Through the adapter, as Bridge's forward: RADIO would refuse an empty microbatch (its non-dynamic branch)."""
     model = _build(_mixed())
-    model.vision_dp_over_cp, model.context_parallel_lm = True, 4
-    out = model._encode_images(*_bridge_arguments(spec))
-    assert out.shape == (0, SIZES["toy"].lm_hidden) and out.grad_fn is None
+    out = nemotron_omni.encode(model, MicrobatchSpec((), patch_dim=P).tensors())
+    assert out.shape == (0, SIZES["toy"].lm_hidden) and out.dtype == torch.float64 and out.grad_fn is None
 
 
 def test_its_parameter_count_is_the_built_towers():

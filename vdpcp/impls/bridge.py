@@ -15,6 +15,9 @@ from its config, nothing else:
   module: vdpcp.impls.mcore.ensure_parallel_state). Only where the flag is on: off, the adapter issues no
   collective at all, as the design asks of a disabled feature.
 
+Bridge's forward encodes only when the microbatch has media; without any it has no vision features and never calls
+``_encode_images``. The adapter does the same (``no_features``).
+
 Plugging in Bridge's own model is a few lines (docs/protocol.md shows them): subclass ``BridgeEncoder`` and return
 the model from ``build_model``. vdpcp's ``nemotron-omni`` subject runs through this same adapter.
 """
@@ -54,7 +57,7 @@ class BridgeEncoder(Implementation):
 
     def encode(self, model, batch):
         configure(model, vision_dp_over_cp=False, context_parallel_size=1, group=None)
-        return model._encode_images(*bridge_arguments(batch))
+        return encoded(model, batch)
 
     def encode_sharded(self, model, batch, config, group):
         if config.shard_vision:
@@ -66,10 +69,44 @@ class BridgeEncoder(Implementation):
         configure(model, vision_dp_over_cp=config.shard_vision, context_parallel_size=config.context_parallel_size,
                   group=cp_group)
         try:
-            return model._encode_images(*bridge_arguments(batch))
+            return encoded(model, batch)
         finally:  # the group is the call's: a model holding a live ProcessGroup cannot be copied (the exact run's
             if cp_group is not None and pgs is not None:  # float64 copy of a reused real-size tower, say)
                 pgs.cp = handed_back
+
+
+def encoded(model, batch) -> torch.Tensor:
+    """Bridge's ``_encode_images`` of the microbatch, called only where it has media, as Bridge's forward calls it."""
+    if not batch.spec.images:
+        return no_features(model)
+    return model._encode_images(*bridge_arguments(batch))
+
+
+def no_features(model) -> torch.Tensor:
+    """What Bridge's forward has of a microbatch without media: no vision features, [0, the projector's output
+    width] in the projector's dtype and on its device, with no graph (neither tower nor projector ran). The width
+    is the language model's hidden size, which MCore's MultimodalProjector projects into (its ``config.hidden_size``)."""
+    projector = _projector(model)
+    weight = next(projector.parameters())
+    return torch.empty(0, projector.config.hidden_size, dtype=weight.dtype, device=weight.device)
+
+
+def _projector(model):
+    """The one MCore MultimodalProjector (with parameters) in the model's ``vision_projection``."""
+    from megatron.core.models.vision.multimodal_projector import MultimodalProjector
+
+    projection = getattr(model, "vision_projection", None)
+    if not isinstance(projection, torch.nn.Module):
+        held = "no vision_projection module"
+    else:
+        found = [m for m in projection.modules()
+                 if isinstance(m, MultimodalProjector) and next(m.parameters(), None) is not None]
+        if len(found) == 1:
+            return found[0]
+        held = f"{len(found)} MCore MultimodalProjectors with parameters in its vision_projection"
+    raise ValueError(f"BridgeEncoder: a microbatch without media has no vision features, [0, width] in the "
+                     f"projector's dtype, width the config.hidden_size of the one MCore MultimodalProjector in the "
+                     f"model's vision_projection; {type(model).__name__} has {held}")
 
 
 def configure(model, *, vision_dp_over_cp: bool, context_parallel_size: int, group) -> None:

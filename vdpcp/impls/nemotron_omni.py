@@ -212,9 +212,8 @@ class OmniVision(nn.Module):
         self.pg_collection = process_groups()
 
     def _encode_images(self, images, imgs_sizes, packed_seq_params, num_frames) -> torch.Tensor:
-        """Packed patches [1, N, 3*P*P] of every row -> projected features [tokens, lm_hidden], images in order."""
-        if imgs_sizes.numel() == 0:  # nothing to encode: no tower, no collective, the same on every rank
-            return images.new_zeros(0, self.size.lm_hidden)
+        """Packed patches [1, N, 3*P*P] of every row -> projected features [tokens, lm_hidden], images in order.
+        Called only with media, as Bridge's forward calls it (vdpcp.impls.bridge)."""
         shard, padded_ranks = self.vision_dp_over_cp, 0
         if shard:
             images, imgs_sizes, packed_seq_params, num_frames, padded_ranks = self._split(
