@@ -89,7 +89,7 @@ def impl_label(target: str) -> str:
 class RankResult:
     rank: int  # in the world
     cp_rank: int = 0
-    images: int = 0  # real rows this rank encodes (by the implementation's plan, or its input gradients)
+    images: int = 0  # real rows this rank encodes (by the rows its tower read, or the implementation's plan)
     placeholders: int = 0
     patches: int = 0  # patches of those real rows
     encoded: int = -1  # rows the tower's first layer really saw on this rank (-1: not measured)
@@ -105,7 +105,6 @@ class RankResult:
     replicated: str | None = None  # the implementation's fallback policy encoded this microbatch whole, and why
     backend: str = ""  # what this rank really ran on (the harness's RankContext), not what was asked for
     device: str = ""
-    untracked: int = 0  # rows its tower took outside autograd that are not placeholders (vdpcp.oracle.Execution)
     model: str = ""  # "built" for this case, or "reused" from an earlier one (vdpcp.model_cache)
     precision: str = ""  # the precision the arms ran in (vdpcp.precision.in_effect: TF32 on CUDA, say)
     collectives: str = ""  # what stood in for a collective of torch's in the sharded arm (vdpcp.gloo_collectives)
@@ -120,6 +119,9 @@ class RankResult:
     # Why a case that asks for gradients did not check them: a forward-only implementation (Implementation.forward_only),
     # or unsharded outputs with no autograd graph. Not a verdict: outputs, who read what and the plan were checked.
     unchecked_grads: str | None = None
+    # Why the pixels' gradients were not compared on a case whose gradients were (vdpcp.oracle.pixel_grads): pixels
+    # are data unless the implementation declares them differentiable, and a path that detaches them is not failed.
+    input_grads: str = ""
 
     @property
     def ok(self) -> bool:

@@ -6,9 +6,10 @@ reference, computed on the same rank with the same model, takes L = sum over r o
 then checks:
 
 1. outputs: the gathered features on this rank equal the unsharded features, row for row;
-2. input grads: summed over the CP ranks they equal the unsharded ones; every image row has a non-zero
-   gradient on exactly one rank (its owner: the implementation's plan says which, or it is inferred), and
-   the owner's gradient for it equals the unsharded one;
+2. input grads, where the implementation declares its path differentiable in its pixels (``pixel_grads``; else
+   pixels are data, handed over needing no gradient) and its sharded path carries them: summed over the CP ranks
+   they equal the unsharded ones; every image row has a non-zero gradient on exactly one rank (its owner: the
+   implementation's plan says which, or it is inferred), and the owner's gradient for it equals the unsharded one;
 3. parameter grads: summed over the CP ranks (below float64, a tower over vdpcp.sketch.WIDTH parameters sums
    count sketches of them) they equal the unsharded gradients; where the implementation
    states a plan, this rank's own equal the unsharded gradients of its own images' rows under the summed
@@ -20,9 +21,8 @@ then checks:
    holding only placeholders that skips its tower (and would hang a tensor-parallel or FSDP peer) fails, unless
    the implementation says an empty rank may skip it;
    with sharding off, no collective is issued on the CP group;
-5. did it shard: which rows reached each rank's tower (through autograd), and how many rows each rank's tower
-   took outside autograd (no_grad, inference_mode, detached inputs) that are not placeholders: work beyond its
-   own share, which is not-sharded.
+5. did it shard: which rows reached each rank's tower, seen at the tower's inputs whatever the grad mode
+   (vdpcp.reads): a tower that also runs rows of other ranks, under no_grad too, read them, which is not-sharded.
 
 With sharding off (CP=1, opt-out) every rank encodes everything: outputs, and input and parameter grads
 summed over ranks. ``grads=False`` checks outputs only; so does a forward-only implementation, its gradients
@@ -48,7 +48,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
-from vdpcp import budget, comm, gloo_collectives, model_cache, precision, regrouped, sketch
+from vdpcp import budget, comm, gloo_collectives, model_cache, precision, reads, regrouped, sketch
 from vdpcp.case import Case, RankResult
 from vdpcp.harness.turns import turn
 from vdpcp.harness.worker import setting_up
@@ -74,7 +74,7 @@ class Unsharded:
     grads: list[torch.Tensor | None]  # the parameter gradients under the summed loss, set aside from the model
     own_grads: list[torch.Tensor] | None  # this rank's own share (None: no plan to say which rows are its own)
     ran: set[str]  # layers that ran
-    untracked: int  # rows its tower took outside autograd that are not placeholders
+    index: reads.Index  # its tower-input rows by their bytes, for rows of the sharded arm that carry no code
     plan: object
     weights: dict[str, list[torch.Tensor]]
     sharded: bool
@@ -153,11 +153,11 @@ def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, 
     its rounding measurement may be shared out over (precision.Share; None: this rank measures it whole); then its
     ``rounding`` is this rank's part, which _sum_shared sums."""
     batch = spec.tensors(dtype=DTYPES[case.dtype], device=device)
-    batch.patches.requires_grad_(True)
-    refused = None
-    with Execution(model) as ran:
+    batch.patches.requires_grad_(pixel_grads(impl))
+    refused, index = None, reads.Index()
+    with Execution(model, index, learn=True) as ran, reads.coded(batch) as coded:
         try:
-            out = outputs_of(impl.encode(model, impl.inputs(batch)), f"{impl.name}.encode")
+            out = outputs_of(impl.encode(model, impl.inputs(coded)), f"{impl.name}.encode")
         except OutputsError:
             raise
         except Exception as err:
@@ -217,7 +217,7 @@ def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: 
             rounding = precision.measure(impl, model, batch, out, grads, own_grads, summed, split, gradients,
                                          kinds=kinds, share=share)
         clock.lap("exact")
-    return Unsharded(batch, {n: t.detach() for n, t in out.items()}, grads, own_grads, ran.ran(), ran.untracked,
+    return Unsharded(batch, {n: t.detach() for n, t in out.items()}, grads, own_grads, ran.ran(), ran.index,
                      plan, weights, sharded, rounding, graph, gradients)
 
 
@@ -272,24 +272,23 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
     """The sharded arm on the same weights, and every check against the unsharded one."""
     dtype, config, cp_rank = DTYPES[case.dtype], case.config, groups.cp_rank
     subject = impl.subject_model(model, case, dtype, ref.batch.patches.device)
-    batch = replace(ref.batch, patches=ref.batch.patches.detach().clone().requires_grad_(True))
-    with Execution(subject) as ran, comm.Collectives(groups.cp) as issued:
-        out = outputs_of(impl.encode_sharded(subject, impl.inputs(batch), config, groups.cp), f"{impl.name}.encode_sharded")
-    result.encoded, result.untracked = ran.rows, ran.untracked
+    pixels = pixel_grads(impl)
+    batch = replace(ref.batch, patches=ref.batch.patches.detach().clone().requires_grad_(pixels))
+    with Execution(subject, ref.index) as ran, comm.Collectives(groups.cp) as issued, reads.coded(batch) as coded:
+        out = outputs_of(impl.encode_sharded(subject, impl.inputs(coded), config, groups.cp), f"{impl.name}.encode_sharded")
+    result.encoded = ran.rows
     if not config.shard_vision and case.cp > 1 and issued.count:  # CP 1 configured, or the opt-out: the no-op
         result.failures.append(f"execution: rank {result.rank} issued {issued.count} collective(s) on its CP group "
                                f"where vision_dp_over_cp is off ({_off(config)}): it must be a no-op")
 
-    # What really ran, on every rank: the rows whose patches reached each rank's tower, and what each took outside
-    # autograd (a collective, so every rank takes it and decides alike).
-    read, untracked = _read_table(batch, ran, case.cp, cp_rank, groups.cp)
+    # What really ran, on every rank: the rows whose patches reached each rank's tower, with or without a graph (a
+    # collective, so every rank takes it and decides alike).
+    read = _read_table(batch.spec, ran, case.cp, cp_rank, groups.cp, batch.patches.device)
     result.read = [row for row in range(read.shape[1]) if read[cp_rank, row]]
     replicated_run = case.cp > 1 and bool(read.all()) and read.shape[1] > 0
     plan = ref.plan
     if case.cp > 1 and cp_rank == 0:  # said once: every rank sees the same table
         _judge_distribution(result, read, plan, ref.sharded, replicated_run)
-        if ref.sharded and not replicated_run and ref.untracked == 0:
-            _judge_untracked(result, untracked, read, batch)
     rank_alone = ref.own_grads is not None
     if plan is not None and _contradicts(read, plan):
         plan, rank_alone = None, False  # the plan is not what ran: its per-rank checks would blame gradients
@@ -302,7 +301,7 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
     if owned and (ref.ran or any(ref.graph.values())):  # the same on every rank: the exchange is a collective
         required = required_layers(ref.ran, ran_by_rank(ran, read, cp_rank, groups.cp), read, cp_rank)
         if not may_skip:
-            _check_layers_ran(result, required, ran)
+            _check_layers_ran(result, required, ran, plan)
 
     if list(out) != list(ref.out):
         result.failures.append(f"outputs: the sharded encode returned {list(out)}, the unsharded {list(ref.out)}")
@@ -325,24 +324,25 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
     # The comparisons below hold the gradients within tolerances, not bit for bit: deterministic algorithms off
     # (on CUDA the count sketch's index_add_ then takes its atomic kernel, not a sorting one).
     with regrouped.relaxed():
-        grad, ref_grad = _grad(batch.patches), _grad(ref.batch.patches)
         held = [held_part(g, p, groups.tp_rank, case.tp) if g is not None else None
                 for p, g in zip(subject.parameters(), ref.grads)]
-        extra = [grad] + ([_holding(batch, grad, case.cp, cp_rank)] if owned else [])
-        summed, *holders = _check_param_grads(result, subject, held, groups.cp, extra, dtype, ref.rounding.params)
-        _fail(result, _compare_images(result, "input grads (summed over ranks)", summed, ref_grad, batch.cu_seqlens,
-                                      range(len(batch.cu_seqlens) - 1), ref.rounding.input))
-        if owned:
-            _check_ownership(result, batch, grad, ref_grad, plan, read, holders[0], ref.rounding.input)
-            if not may_skip and required is not None:
-                _check_param_grads_exist(result, ref.grads, subject, required, ran.names)
+        extra = _pixel_extra(batch, ref.batch, case.cp, cp_rank, owned) if pixels else []
+        summed = _check_param_grads(result, subject, held, groups.cp, extra, dtype, ref.rounding.params)
+        pixels = pixels and _carried(result, summed[0])  # the same on every rank: the flags were summed over them
+        if pixels:
+            _check_input_grads(result, batch, ref, plan, read, summed[1:], owned)
+        else:
+            result.input_grad_err = math.nan  # not compared: RankResult.input_grads says why
+            result.input_grads = result.input_grads or "pixels are data (the implementation declares no pixel_grads)"
+        if owned and not may_skip and required is not None:
+            _check_param_grads_exist(result, ref.grads, subject, required, ran.names)
         if rank_alone and replicated_run == (not ref.sharded):
             own = [held_part(g, p, groups.tp_rank, case.tp) for p, g in zip(subject.parameters(), ref.own_grads)]
             _check_rank_alone(result, subject, own, dtype, ref.rounding.own_params)
     clock.lap("gradients")
     if owned:
         regrouped.hold(result, impl, subject, batch, out, ref.weights, plan, read, groups.cp, grads=True,
-                       watch=Execution)
+                       watch=Execution, pixels=pixels)
         clock.lap("regrouped")
 
 
@@ -351,19 +351,59 @@ def _fail(result: RankResult, why: str | None) -> None:
         result.failures.append(why)
 
 
+def pixel_grads(impl) -> bool:
+    """Whether the implementation declares its path differentiable in its pixels (Implementation.pixel_grads): its
+    pixels are then handed over requiring grad, and their gradients held where its sharded path carries them."""
+    return bool(getattr(impl, "pixel_grads", False))
+
+
+def _pixel_extra(batch, ref_batch, cp: int, cp_rank: int, owned: bool) -> list[torch.Tensor]:
+    """What the input-gradient checks sum over the CP group with the parameter gradients: whether this rank's sharded
+    pixels and its unsharded ones got a gradient, the sharded gradient, and (owned) which rows it is non-zero on."""
+    has = [float(batch.patches.grad is not None), float(ref_batch.patches.grad is not None)]
+    grad = _grad(batch.patches)
+    return [torch.tensor(has, dtype=torch.float64, device=grad.device), grad] + (
+        [_holding(batch, grad, cp, cp_rank)] if owned else [])
+
+
+def _carried(result: RankResult, flags: torch.Tensor) -> bool:
+    """Whether the pixel gradients are compared: some rank's sharded pixels got one, and the unsharded ones did
+    (``flags``: _pixel_extra's, summed over the CP group). Where not, RankResult.input_grads says which was seen."""
+    sharded, unsharded = (int(f) for f in flags.tolist())
+    if sharded and unsharded:
+        return True
+    result.input_grads = ("no CP rank's sharded pixels got a gradient" if not sharded else
+                          "the unsharded encode's pixels got no gradient")
+    return False
+
+
+def _check_input_grads(result: RankResult, batch, ref: Unsharded, plan, read, summed: list[torch.Tensor],
+                       owned: bool) -> None:
+    """The pixel gradients: summed over the CP ranks against the unsharded ones, and (owned) each row's on exactly
+    its owner, equal there. ``summed``: _pixel_extra's gradient and holders, summed over the CP group."""
+    grad, ref_grad = _grad(batch.patches), _grad(ref.batch.patches)
+    _fail(result, _compare_images(result, "input grads (summed over ranks)", summed[0], ref_grad, batch.cu_seqlens,
+                                  range(len(batch.cu_seqlens) - 1), ref.rounding.input))
+    if owned:
+        _check_ownership(result, batch, grad, ref_grad, plan, read, summed[1], ref.rounding.input)
+
+
 def _off(config) -> str:
     return "context_parallel_size=1" if config.context_parallel_size == 1 else "the opt-out"
 
 
 def _graphless(result: RankResult, out: dict[str, torch.Tensor], graph: dict[str, bool], group) -> bool:
-    """Whether any CP rank's sharded outputs lack the autograd graph the unsharded ones have (outputs with rows: no
-    gradient flows through none). This rank says which of its own do, in one line: no gradient can reach the
-    tower through them, so the gradient checks are not run; the outputs and what ran were judged already."""
+    """Whether any CP rank's sharded outputs lack the autograd graph the unsharded ones have (outputs with rows: an
+    empty one has no gradient to carry, graph or not). This rank says which of its own do, in one line, with what
+    it saw: no gradient can reach any tower through them, so the gradient checks are not run; the outputs and what
+    ran were judged already."""
     bare = [name for name, t in out.items() if graph[name] and t.numel() and not t.requires_grad]
     if bare:
-        result.failures.append(f"outputs {', '.join(map(repr, bare))} on rank {result.rank} have no autograd graph: "
-                               f"the gather is not differentiable (e.g. dist.all_gather), so no gradient reaches the "
-                               f"tower")
+        rows = next(iter(out.values())).shape[0]
+        read = f"its tower read rows {result.read}" if result.read else "its tower read no row"
+        result.failures.append(f"outputs {', '.join(map(repr, bare))} on rank {result.rank} (CP rank {result.cp_rank}) "
+                               f"hold {rows} rows and require no grad, where the unsharded ones carry an autograd graph "
+                               f"({read}): no gradient flows back through them")
     flag = torch.tensor([float(bool(bare))], dtype=torch.float64, device=next(iter(out.values())).device)
     return bool(comm.all_reduce_sum(flag, group).item()) if group is not None else bool(bare)
 
@@ -448,36 +488,47 @@ class Execution:
     """What a model's layers really ran on: forward pre-hooks on every module that holds parameters itself, from
     construction until ``close()`` (or the end of a ``with`` block).
 
-    ``rows``: rows the first such module to run saw, summed over its calls, with or without a graph; ``ran()``: the
-    modules that saw at least one row (a module called on nothing did not run); ``taken``: the differentiable
-    inputs of that first module, from which _read_table finds which microbatch rows reached the tower;
-    ``untracked``: rows that first module took outside autograd (no graph: torch.no_grad, inference_mode, a
-    detached input) which are not placeholders (a placeholder or padding row is constant: zeros, say; a row of
-    pixels never is).
+    ``rows``: rows the first such module to run saw, summed over its calls, whatever the grad mode; ``ran()``: the
+    modules that saw at least one row (a module called on nothing did not run); ``read``: the microbatch rows whose
+    patches reached any of them, read off their inputs' row codes (vdpcp.reads: inside ``reads.coded``), or looked
+    up by their bytes in ``index`` where an input carries none. Each module gets its inputs without their
+    tangents, so forward-mode AD never runs inside the tower. ``learn``: the rows that carry codes go into
+    ``index`` (the unsharded arm), for the sharded arm's look-ups.
     """
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, index: reads.Index | None = None, learn: bool = False):
         self.calls: dict[str, int] = {}
         self.first: str | None = None
-        self.taken: list[torch.Tensor] = []
-        self.untracked = 0
+        self.read: set[int] = set()
+        self.index, self.learn = index, learn
         # Not the root: a tower's encode and project are often called apart, never through its forward.
         self.names = [name for name, m in model.named_modules()
                       if name and any(True for _ in m.parameters(recurse=False))]
-        self._handles = [module.register_forward_pre_hook(self._hook(name))
+        self._handles = [module.register_forward_pre_hook(self._hook(name), with_kwargs=True)
                          for name, module in model.named_modules() if name in self.names]
 
     def _hook(self, name: str):
-        def record(module, args):
+        def record(module, args, kwargs):
             tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
             rows = input_rows(module, tensor)
             self.first = self.first or name
             self.calls[name] = self.calls.get(name, 0) + rows
-            if name == self.first:
-                self.taken += [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-                if rows and not (torch.is_grad_enabled() and tensor.requires_grad):  # a view made under no_grad
-                    self.untracked += pixel_rows(tensor, rows)                       # still says requires_grad
+            return self._seen(module, name, args, kwargs)
         return record
+
+    def _seen(self, module, name: str, args: tuple, kwargs: dict):
+        """The rows ``module``'s tensor inputs hold, recorded; its inputs without tangents, where any had one."""
+        def plain(value):
+            if not isinstance(value, torch.Tensor):
+                return value
+            primal, rows = reads.seen(module, name, value, self.index, self.learn)
+            self.read |= rows
+            return primal
+
+        stripped = tuple(plain(a) for a in args), {key: plain(v) for key, v in kwargs.items()}
+        changed = any(a is not b for a, b in zip(stripped[0], args)) or any(
+            stripped[1][key] is not v for key, v in kwargs.items())
+        return stripped if changed else None
 
     def close(self) -> None:
         for handle in self._handles:
@@ -514,12 +565,6 @@ def input_rows(module: torch.nn.Module, tensor: torch.Tensor | None) -> int:
     return tensor.numel() // max(per_row, 1)
 
 
-def pixel_rows(tensor: torch.Tensor, rows: int) -> int:
-    """How many of ``tensor``'s ``rows`` rows are not constant (a placeholder's or padding's rows are)."""
-    flat = tensor.detach().reshape(rows, -1)
-    return int((flat != flat[:, :1]).any(dim=1).sum())
-
-
 def _describe(result: RankResult, spec, plan, cp_rank: int) -> None:
     """What this rank encoded, for the report: the rows that really reached its tower where that was measured,
     else what the plan gives it (the whole microbatch when not sharded); placeholders as the plan says."""
@@ -531,26 +576,14 @@ def _describe(result: RankResult, spec, plan, cp_rank: int) -> None:
     result.placeholders = plan.placeholders[cp_rank] if plan is not None and cp_rank < len(plan.placeholders) else 0
 
 
-def _read_table(batch, ran: Execution, cp: int, cp_rank: int, cp_group) -> tuple[torch.Tensor, list[int]]:
-    """[CP ranks, rows], True where a microbatch row's patches reached that rank's tower; and each CP rank's rows
-    taken outside autograd (Execution.untracked).
-
-    Found through autograd, whatever the tower: the gradient of what the tower's first layer took with respect
-    to the microbatch's patches is non-zero exactly on the patches it read. Placeholders and padding come from
-    nowhere, so they read nothing; a tower run on every image reads every row, under any loss.
-    """
-    cu = [int(c) for c in batch.cu_seqlens]
-    table = torch.zeros(cp, len(cu), dtype=torch.float64, device=batch.patches.device)  # the last column: untracked
-    table[cp_rank, -1] = ran.untracked
-    if ran.taken and len(cu) > 1:
-        (grad,) = torch.autograd.grad(sum(t.sum() for t in ran.taken), batch.patches, retain_graph=True,
-                                      allow_unused=True)
-        if grad is not None:
-            hit = grad[0].ne(0).any(dim=-1)
-            for row in range(len(cu) - 1):
-                table[cp_rank, row] = float(bool(hit[cu[row] : cu[row + 1]].any()))
-    table = comm.all_reduce_sum(table, cp_group)
-    return table[:, :-1] > 0, [int(n) for n in table[:, -1].tolist()]
+def _read_table(spec, ran: Execution, cp: int, cp_rank: int, cp_group, device) -> torch.Tensor:
+    """[CP ranks, rows], True where a microbatch row's patches reached that rank's tower (Execution.read: seen at
+    the tower's inputs, whatever the grad mode). Placeholders and padding carry no row, so they read nothing; a
+    tower run on every image reads every row, with or without a graph. One collective, every rank alike."""
+    rows = len(spec.images)
+    table = torch.zeros(cp, rows, dtype=torch.float64, device=device)
+    table[cp_rank, sorted(r for r in ran.read if r < rows)] = 1.0
+    return comm.all_reduce_sum(table, cp_group) > 0
 
 
 def _readers(read: torch.Tensor, row: int) -> list[int]:
@@ -575,7 +608,7 @@ def _judge_distribution(result: RankResult, read: torch.Tensor, plan, sharded: b
                                         f"rows: {why}")
         return
     if replicated_run:
-        result.not_sharded.append(f"not sharded: every CP rank's tower encoded all {rows} rows, so the microbatch was "
+        result.not_sharded.append(f"not sharded: every CP rank's tower read all {rows} rows, so the microbatch was "
                                   f"encoded {cp} times (vision_dp_over_cp is on at CP={cp})")
         return
     readers = {row: _readers(read, row) for row in range(rows)}
@@ -585,32 +618,13 @@ def _judge_distribution(result: RankResult, read: torch.Tensor, plan, sharded: b
                                   f"({_few(twice)})")
     nowhere = [str(row) for row, ranks in readers.items() if not ranks]
     if nowhere:
-        result.failures.append(f"execution: row(s) {_few(nowhere)} reached no rank's tower, so their features cannot "
-                               f"come from their pixels")
+        result.failures.append(f"execution: row(s) {_few(nowhere)} reached no rank's tower (no rank's tower input held "
+                               f"their pixels)")
     if plan is not None:
         moved = [f"row {row} encoded on rank {ranks[0]}, the plan says rank {plan.owner[row]}"
                  for row, ranks in readers.items() if len(ranks) == 1 and row < len(plan.owner) and ranks != [plan.owner[row]]]
         if moved:
             result.plan_mismatch.append(f"plan mismatch: {_few(moved)}")
-
-
-def _judge_untracked(result: RankResult, untracked: list[int], read: torch.Tensor, batch) -> None:
-    """Rows a rank's tower took outside autograd are work beyond its own share (its own rows go through autograd,
-    which is how they reach the loss): the microbatch, or part of it, encoded again where nothing needs it.
-    Judged only where the unsharded encode takes none itself."""
-    extra = [f"CP rank {r}'s tower took {n} patch rows outside autograd (no graph: torch.no_grad, inference_mode or "
-             f"a detached input) beyond the {_own_patches(read, r, batch)} of its own rows"
-             for r, n in enumerate(untracked) if n > 0]
-    if extra:
-        result.not_sharded.append(f"not sharded: {_few(extra)}: the compute vision DP over CP should spare it")
-
-
-def _own_patches(read: torch.Tensor, rank: int, batch) -> int:
-    return sum(batch.spec.row_patches[row] for row in _readers_of(read, rank))
-
-
-def _readers_of(read: torch.Tensor, rank: int) -> list[int]:
-    return read[rank].nonzero().flatten().tolist()
 
 
 def _few(items: list[str], n: int = 4) -> str:
@@ -767,18 +781,30 @@ def required_layers(reference_ran: set[str], ran: list[set[str]], read: torch.Te
     return shared & ran[cp_rank] if len(own_branch) >= len(skipped) else shared
 
 
-def _check_layers_ran(result, required: set[str], ran: Execution) -> None:
+def _check_layers_ran(result, required: set[str], ran: Execution, plan=None) -> None:
     """The tower ran on this rank: on some row, and through every layer ``required`` (required_layers); known from
-    the forward alone, so no gradient is needed."""
+    the forward alone, so no gradient is needed. A failure says what this rank read and ran, and what ``plan`` (the
+    implementation's, where it states one that held) gave it."""
     skipped = sorted(required - ran.ran())
-    if ran.rows == 0:
-        result.failures.append(f"execution: rank {result.rank} (CP rank {result.cp_rank}) did not run its tower on any "
-                               f"row{' (layers never run: ' + ', '.join(skipped[:3]) + ')' if skipped else ''}; a rank "
-                               f"with only placeholders must still encode them")
+    whose = f"rank {result.rank} (CP rank {result.cp_rank})"
+    if not ran.ran():
+        read = f"read rows {result.read}" if result.read else "read no row"
+        never = f"; layers never run: {', '.join(skipped[:3])}" if skipped else ""
+        result.failures.append(f"execution: {whose} {read} and ran no layer of its tower ({_given(plan, result.cp_rank)}"
+                               f"{never}); every rank must run its tower, placeholders included")
     elif skipped:
-        result.failures.append(f"execution: rank {result.rank} (CP rank {result.cp_rank}) skipped {len(skipped)} "
-                               f"layer(s) that every rank holding real rows ran ({', '.join(skipped[:3])}); a rank "
-                               f"must run its whole tower, placeholders included")
+        result.failures.append(f"execution: {whose} skipped {len(skipped)} layer(s) that every rank holding real rows "
+                               f"ran ({', '.join(skipped[:3])}); a rank must run its whole tower, placeholders included")
+
+
+def _given(plan, cp_rank: int) -> str:
+    """What the implementation's plan gives a rank, in words."""
+    if plan is None:
+        return "no plan says what it holds"
+    rows = plan.rows_of(cp_rank)
+    placeholders = plan.placeholders[cp_rank] if cp_rank < len(plan.placeholders) else 0
+    return (f"its plan gives it {f'rows {rows}' if rows else 'no row'} and "
+            f"{placeholders or 'no'} placeholder{'' if placeholders == 1 else 's'}")
 
 
 def _check_param_grads_exist(result, reference_grads, model, required: set[str], layers: list[str]) -> None:

@@ -130,7 +130,7 @@ class Rounding:
     where nothing is measured (float64)."""
 
     outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # per output, per token row
-    input: torch.Tensor | None = None  # per microbatch row (image or frame)
+    input: torch.Tensor | None = None  # per microbatch row (image or frame); None where pixels are data
     params: float = 0.0  # the parameter gradients under the summed loss
     own_params: float = 0.0  # this rank's own share of them (the rank-alone check)
 
@@ -181,7 +181,8 @@ def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weig
     hp = EXACT[batch.patches.dtype]
     exact = copy.deepcopy(model).to(hp)  # the same weights; model's gradients were set aside, so none are copied
     params = list(exact.parameters())
-    patches = batch.patches.detach().to(hp).requires_grad_(grads)
+    pixels = grads and batch.patches.requires_grad  # pixels are data unless the arms differentiate them
+    patches = batch.patches.detach().to(hp).requires_grad_(pixels)
     outputs = {name: torch.zeros(t.shape[0], dtype=torch.float64, device=t.device) for name, t in ref_out.items()}
     own, rest, start = [None] * len(params), [None] * len(params), 0
     failed = None
@@ -212,7 +213,7 @@ def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weig
             return _shared(share, failed, outputs, batch, patches, ref_grads, own_grads, own, params, grads)
         except Exception as err:  # its figures too (a plan whose token counts are not the outputs' rows, say)
             return Shared(share, patches.device, err)
-    input_figure = 2 * segment_relative(_grad(batch.patches), _grad(patches), batch.cu_seqlens) if grads else None
+    input_figure = 2 * segment_relative(_grad(batch.patches), _grad(patches), batch.cu_seqlens) if pixels else None
     if not grads:
         return Rounding(outputs)
     summed = [r if o is None else o if r is None else r.add_(o) for o, r in zip(own, rest)]
@@ -233,8 +234,10 @@ def _shared(share: Share, failed, outputs: dict, batch, patches, ref_grads, own_
     if not grads:
         return Shared(share, device, None, outputs)
     # rows no chunk here reached have no exact gradient: their figure is their owner's
-    figure = 2 * segment_relative(_grad(batch.patches), _grad(patches), batch.cu_seqlens)
-    figure = _own_only(figure, share.own_rows(figure.device))
+    figure = None
+    if patches.requires_grad:
+        figure = 2 * segment_relative(_grad(batch.patches), _grad(patches), batch.cu_seqlens)
+        figure = _own_only(figure, share.own_rows(figure.device))
     own = [torch.zeros_like(p) if o is None else o for o, p in zip(own, params)]
     own_figure = 2 * relative(own_grads, own) if own_grads is not None else 0.0
     if not sketch.pays(sum(o.numel() for o in own)):
@@ -267,14 +270,15 @@ class Shared:
         parts = list(self.outputs.values()) + ([self.input] if self.input is not None else [])
         summed = comm.all_reduce_sums(parts, self.share.group) if parts else []
         outputs = dict(zip(self.outputs, summed))
-        if self.input is None:
+        if self.own is None:  # outputs only
             return Rounding(outputs)
+        pixels = summed[-1] if self.input is not None else None
         if isinstance(self.own, torch.Tensor):
             total = comm.all_reduce_sum(self.own, self.share.group)
             params = float((self.ref - total).norm() / total.norm().clamp_min(1e-300))
         else:
             params = relative(self.ref, comm.all_reduce_sums(self.own, self.share.group))
-        return Rounding(outputs, summed[-1], 2 * params, self.own_figure)
+        return Rounding(outputs, pixels, 2 * params, self.own_figure)
 
 
 def _raise_alike(share: Share, failed: Exception | None, device) -> None:

@@ -13,9 +13,10 @@ An implementation is an object (subclass ``Implementation``, or any object with 
   vdpcp's own toy tower is only the default (at the toy size it keeps the learned positions that case's
   microbatch needs; at the real size it is ViT-L/16, one model for every microbatch);
 - how vdpcp's microbatch (``vdpcp.spec.Microbatch``: ``patches`` [1, total patches, 3*P*P], ``imgs_sizes``,
-  ``cu_seqlens``, and its ``spec``) becomes that model's input: ``inputs(batch)``, differentiably (the input
-  gradients vdpcp checks are those of ``batch.patches``, and what each rank's tower really read is found
-  through them);
+  ``cu_seqlens``, and its ``spec``) becomes that model's input: ``inputs(batch)``. The patches are data, needing
+  no gradient (unless ``pixel_grads``), and carry forward-mode tangents by which vdpcp sees, at the tower's
+  inputs, which rows each rank's tower read (vdpcp.reads): move them (slice, cat, cast, reshape, under no_grad
+  or not) as a split does;
 - the unsharded encode, ``encode(model, inputs)``: its outputs over the token rows, images in order;
 - the sharded encode, ``encode_sharded(model, inputs, config, group)``: on every rank of the CP ``group``,
   the same outputs, gathered, in global image order. With ``config.shard_vision`` False (CP=1, or the
@@ -76,6 +77,10 @@ What it declares about itself, so the judge is fair to it (each default is the d
 - ``empty_rank_may_skip``: a rank with no real rows may skip its tower. The default is the design's rule (every
   rank runs its tower, placeholders and all: a tensor-parallel or FSDP peer inside it would hang otherwise); only
   a tower with no collective inside may say so;
+- ``pixel_grads``: its path is differentiable in its pixels, so vdpcp hands them over requiring grad and holds
+  their gradients too (summed over the ranks, on each row's owner, and in the regrouped run) wherever its sharded
+  path carries them. The default: pixels are data, as a data loader yields them, and their gradients are not
+  compared; a path that detaches them is never failed for it;
 - ``media.even_grids`` (``MediaAxes``): its tower takes even patch grids only.
 
 Nothing else in vdpcp branches on an implementation's name.
@@ -213,6 +218,7 @@ class Implementation:
     checks_cp1: bool = False  # a configured CP of 1 on a larger group raises mismatch_error (default: the no-op)
     forward_only: bool = False  # an inference tower: gradients are not checked
     empty_rank_may_skip: bool = False  # its tower holds no collective, so a rank with no real rows may skip it
+    pixel_grads: bool = False  # its path is differentiable in its pixels: their gradients are held too
 
     @property
     def towers(self) -> Mapping[str, MediaAxes]:
@@ -315,7 +321,8 @@ REQUIRED = ("name", "encode", "encode_sharded")
 PROTOCOL = REQUIRED + ("build_model", "model_key", "subject_model", "inputs", "plan", "replicated", "media_tokens",
                        "known_limit", "splits",
                        "media", "towers", "scenarios", "preload", "tensor_parallel", "patch_bytes", "param_count",
-                       "full_attention", "mismatch_error", "checks_cp1", "forward_only", "empty_rank_may_skip")
+                       "full_attention", "mismatch_error", "checks_cp1", "forward_only", "empty_rank_may_skip",
+                       "pixel_grads")
 
 
 class OutputsError(TypeError):

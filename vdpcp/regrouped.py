@@ -8,7 +8,8 @@ item's frames kept together), on the same model, dtype and device. Same shapes, 
 implementation is then bitwise equal, in
 
 - outputs: this rank's gathered token rows of its own media against the regrouped run's outputs;
-- input grads: this rank's gradient of its own rows' patches against the regrouped run's;
+- input grads, where the pixels' gradients are compared (vdpcp.oracle.pixel_grads): this rank's gradient of its
+  own rows' patches against the regrouped run's;
 - parameter grads: this rank's own gradients against the regrouped run's, given the gradient its rows received,
   which the gather's backward makes the SUM over CP ranks of their loss weights on those rows. The loss weights
   (vdpcp.oracle.loss_weights) are sixteenths under 2, so that sum is exact in any order and any dtype: whichever
@@ -195,13 +196,14 @@ def sub_spec(spec: MicrobatchSpec, rows: list[int]) -> MicrobatchSpec:
 
 
 def sub_batch(batch: Microbatch, rows: list[int]) -> Microbatch:
-    """Those rows' patches as a leaf of their own (the same values), with the sub-spec's metadata."""
+    """Those rows' patches as a leaf of their own (the same values, needing a gradient where ``batch``'s do: pixels
+    are data unless the implementation says otherwise), with the sub-spec's metadata."""
     cu = [int(c) for c in batch.cu_seqlens]
     picked = patch_index(cu, rows).to(batch.patches.device)
     spec = sub_spec(batch.spec, rows)
     device = batch.patches.device
     bounds = torch.tensor([0, *spec.row_patches], device=device).cumsum(0).to(torch.int32)
-    return Microbatch(spec, batch.patches.detach()[:, picked].clone().requires_grad_(True),
+    return Microbatch(spec, batch.patches.detach()[:, picked].clone().requires_grad_(batch.patches.requires_grad),
                       torch.tensor(spec.images, dtype=torch.int64, device=device).reshape(-1, 2), bounds)
 
 
@@ -209,9 +211,10 @@ def patch_index(cu: list[int], rows: list[int]) -> torch.Tensor:
     return _spans([(cu[r], cu[r + 1]) for r in rows])
 
 
-def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: bool, watch) -> None:
-    """Hold this rank's outputs (and, with ``grads`` and an exact backward, its input and parameter gradients) to
-    the regrouped run of its own media; failures go to ``result.failures``, what was held to ``result.exact``.
+def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: bool, watch, pixels: bool = False) -> None:
+    """Hold this rank's outputs (and, with ``grads`` and an exact backward, its parameter gradients, and with
+    ``pixels`` its input gradients) to the regrouped run of its own media; failures go to ``result.failures``, what
+    was held to ``result.exact``.
     ``watch``: vdpcp.oracle.Execution, to count the rows the regrouped run's tower takes."""
     encoded, cp_rank = {}, result.cp_rank
     _same_copies(result, out, cp_group)
@@ -240,7 +243,7 @@ def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: 
         return
     sub, ref_out = encoded["run"]
     # Rows its tower took besides its media (placeholders, padding frames) change the GEMM shapes: not bitwise then.
-    extra = result.encoded - result.untracked - encoded["rows"] if result.encoded >= 0 else 0  # untracked: not-sharded
+    extra = result.encoded - encoded["rows"] if result.encoded >= 0 else 0
     ulps = EXTRA_ROWS_ULPS if extra > 0 else 0
     tokens = own.tokens.to(next(iter(out.values())).device)
     for name, expected in ref_out.items():
@@ -255,15 +258,17 @@ def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: 
         named = list(model.named_parameters())
         params = [p for _, p in named]
         loss = sum((received[name] * t).sum() for name, t in ref_out.items())
-        want = torch.autograd.grad(loss, [sub.patches, *params], allow_unused=True, retain_graph=True)
+        inputs = [sub.patches] if pixels else []
+        want = torch.autograd.grad(loss, [*inputs, *params], allow_unused=True, retain_graph=True)
         # The same backward again: where it does not repeat itself bit for bit (a kernel with no deterministic path
         # that said nothing), no bitwise verdict on gradients can be fair, and they are left to the other checks.
-        again = torch.autograd.grad(loss, [sub.patches, *params], allow_unused=True)
+        again = torch.autograd.grad(loss, [*inputs, *params], allow_unused=True)
         if _repeats(want, again):
-            picked = patch_index([int(c) for c in batch.cu_seqlens], own.rows).to(batch.patches.device)
-            _exact(result, "input grads", whose, _grad(batch.patches)[:, picked], want[0], ulps)
-            _exact_params(result, whose, named, want[1:], ulps)
-            held = "outputs, input and parameter gradients"
+            if pixels:
+                picked = patch_index([int(c) for c in batch.cu_seqlens], own.rows).to(batch.patches.device)
+                _exact(result, "input grads", whose, _grad(batch.patches)[:, picked], want[0], ulps)
+            _exact_params(result, whose, named, want[len(inputs):], ulps)
+            held = f"outputs, {'input and ' if pixels else ''}parameter gradients"
         else:
             result.deterministic = f"{result.deterministic}, but the regrouped run's backward did not repeat itself"
     why = [f"its tower took {extra} rows besides its media"] if extra > 0 else []

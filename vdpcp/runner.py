@@ -94,6 +94,9 @@ class CaseResult:
                          + (f", its tower saw {r.encoded} rows" if r.encoded >= 0 else ""))
         if self.unchecked_grads:
             lines.append(f"  gradients not checked: {self.unchecked_grads}")
+        pixels = next((r.input_grads for r in self.ranks if r.input_grads), "")
+        if pixels:
+            lines.append(f"  input gradients not compared: {pixels}")
         lines += [f"  {msg}" for msg in self.failures]
         return "\n".join(lines)
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
+from vdpcp import sharded
 from vdpcp.impls.reference import Reference
 from vdpcp.mutants import gradient_changed
 from vdpcp.protocol import GROUP_MISMATCH_TEXT, GroupMismatchError, KnownLimit, MediaAxes, MismatchError, check_group
@@ -624,3 +625,61 @@ class NoDeterministicKernel(Reference):
 
 no_deterministic_forward = NoDeterministicKernel("forward")
 no_deterministic_backward = NoDeterministicKernel("backward")
+
+
+class PixelsAsData(Reference):
+    """The reference split as Megatron-Bridge's released split runs: under ``torch.no_grad``, asserting that its
+    pixels need no gradient (pixels are data, as a data loader yields them); its tower then runs with autograd on
+    its parameters. It declares no ``pixel_grads``: correct, judged on outputs and parameter gradients."""
+
+    name = "pixels-as-data"
+    pixel_grads = False
+
+    def encode_sharded(self, model, batch, config, group):
+        assert not batch.patches.requires_grad, "pixels are data: they must not require grad"
+        if not config.shard_vision:
+            return super().encode_sharded(model, batch, config, group)
+        check_group(config, dist.get_world_size(group), self.name)
+        plan = sharded.plan_for(batch.spec, config)
+        shard = plan.shard(dist.get_rank(group))
+        with torch.no_grad():
+            local = sharded.split(batch, shard, plan.order)
+        projected = model.project(model.encode(local, shard.imgs_sizes, shard.num_frames))
+        gathered = sharded.gather_features(projected, sharded.real_tokens(plan), group)
+        index = sharded.image_order(plan)
+        return gathered if index is None else gathered.index_select(0, torch.tensor(index, device=gathered.device))
+
+
+class DetachesItsPixels(Reference):
+    """The reference (which declares ``pixel_grads``) with its pixels detached before its split: correct outputs and
+    parameter gradients, no pixel gradient anywhere, and no row code at its tower's input (vdpcp.reads looks its
+    rows up by their bytes instead)."""
+
+    name = "detaches-its-pixels"
+
+    def encode_sharded(self, model, batch, config, group):
+        return super().encode_sharded(model, replace(batch, patches=batch.patches.detach()), config, group)
+
+
+class PixelGradOff(Reference):
+    """The reference whose sharded pixel gradients come out 10% too large (a planted pixel-gradient bug); as the
+    reference, it declares ``pixel_grads``."""
+
+    name = "pixel-grad-off"
+
+    def encode_sharded(self, model, batch, config, group):
+        patches = gradient_changed(batch.patches, lambda grad: grad * 1.1)
+        return super().encode_sharded(model, replace(batch, patches=patches), config, group)
+
+
+class PixelGradOffUndeclared(PixelGradOff):
+    """The same bug in a subject that declares no ``pixel_grads``: its pixels need no gradient, so none is wrong."""
+
+    name = "pixel-grad-off-undeclared"
+    pixel_grads = False
+
+
+pixels_as_data = PixelsAsData()
+detaches_its_pixels = DetachesItsPixels()
+pixel_grad_off = PixelGradOff()
+pixel_grad_off_undeclared = PixelGradOffUndeclared()

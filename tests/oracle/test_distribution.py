@@ -26,7 +26,7 @@ def test_a_run_that_did_not_shard_never_passes_under_any_loss(spec, cp, loss):
     assert judged.verdict == "not-sharded", judged.result.summary()
     assert not judged.passing
     headline = judged.result.failures[0]
-    assert headline.startswith("rank 0: not sharded: every CP rank's tower encoded all"), headline
+    assert headline.startswith("rank 0: not sharded: every CP rank's tower read all"), headline
     # what really ran is what the report shows: every rank, every row
     rows = len(SPECS[spec].images)
     assert [r.images for r in judged.result.ranks] == [rows] * cp

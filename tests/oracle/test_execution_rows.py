@@ -72,8 +72,22 @@ def test_a_skipped_tower_lists_three_of_its_layers_and_parameters():
     oracle._check_param_grads_exist(result, [p.grad for p in reference.parameters()], model, reference_ran.ran(),
                                     ran.names)
     skipped, missing = result.failures
-    assert "(layers never run: 0, 1, 2); a rank with only placeholders" in skipped, skipped
+    assert skipped == ("execution: rank 3 (CP rank 1) read no row and ran no layer of its tower (no plan says what it "
+                       "holds; layers never run: 0, 1, 2); every rank must run its tower, placeholders included"), skipped
     assert "has no gradient for 10 parameter(s) the unsharded run gives one (0.weight, 0.bias, 1.weight)" in missing, missing
+
+
+@pytest.mark.parametrize("placeholders, given", [(1, "no row and 1 placeholder"), (0, "no row and no placeholders")])
+def test_a_rank_that_ran_no_layer_is_told_what_it_read_and_what_its_plan_gave_it(placeholders, given):
+    plan = Ownership(owner=(0,), tokens=(4,), placeholders=(0, placeholders))
+    result = RankResult(rank=1, cp_rank=1)
+    result.read = []
+    with oracle.Execution(Tower()) as ran:
+        pass
+    oracle._check_layers_ran(result, {"block.0"}, ran, plan)
+    assert result.failures == [f"execution: rank 1 (CP rank 1) read no row and ran no layer of its tower (its plan gives "
+                               f"it {given}; layers never run: block.0); every rank must run its tower, placeholders "
+                               f"included"]
 
 
 def ownership_on_every_rank(ctx):

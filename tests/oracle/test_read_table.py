@@ -1,5 +1,5 @@
-"""Which rows reached each rank's tower is read from the sharded run's own graph (vdpcp.oracle._read_table), which
-must stay whole for the loss's backward after; and a microbatch with no rows is not a replicated run, so a rank that
+"""Which rows reached each rank's tower is seen at the tower's inputs (vdpcp.reads), through ops between the pixels
+and the tower that keep tensors for backward, whose graph must stay whole for the loss's backward after; and a microbatch with no rows is not a replicated run, so a rank that
 skips its tower on one (placeholders only, on every rank) still fails the execution check, and with sharding off it
 breaks no policy."""
 
@@ -41,7 +41,8 @@ def test_ranks_that_skip_their_tower_on_an_empty_microbatch_fail():
     empty = next(c for c in matrix(impls=("reference",), cps=(2,)) if c.id == "empty-cp2-reference-count")
     result = run_case(empty.with_(mutant="placeholder-rank-skips-tower"), backend="gloo")
     assert result.verdict == "fail", result.summary()
-    assert any("did not run its tower on any row" in f for f in result.failures), result.summary()
+    assert any("read no row and ran no layer of its tower (its plan gives it no row and 1 placeholder" in f
+               for f in result.failures), result.summary()
 
 
 @pytest.mark.distributed

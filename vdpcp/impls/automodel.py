@@ -100,6 +100,7 @@ class Automodel(Implementation):
     from its released defaults; none changed is Automodel as shipped."""
 
     splits = (SPLIT,)
+    pixel_grads = True  # its split slices the pixels it is handed; gradients reach them through the tower
     preload = (MODELING, SHARDING)  # the rank zygote imports them once (it refuses a preload that starts a thread)
 
     def __init__(self, name: str, **thresholds):

@@ -72,6 +72,7 @@ def mcore_context_parallel_group(group, name: str):
 class MCore(Implementation):
     name = "mcore"
     splits = ("count",)
+    pixel_grads = True  # MCore's split slices the pixels differentiably
     towers = {"toy": MediaAxes(), "real": MediaAxes(patch_dim=REAL_PATCH)}  # vdpcp's tower, as the reference's
     preload = ("megatron.core.parallel_state", "megatron.core.models.multimodal.context_parallel",
                "megatron.core.packed_seq_params")

@@ -288,6 +288,7 @@ def _count(cp: int):
 class NemotronOmni(BridgeEncoder):
     name = "nemotron-omni"
     splits = ("count",)
+    pixel_grads = True  # MCore's split inside Omni's encoder slices the pixels differentiably
     towers = {size: media_axes(dims) for size, dims in SIZES.items()}
     media = towers["toy"]
     preload = PRELOAD + ("megatron.core.models.vision.radio", "megatron.core.models.vision.multimodal_projector")

@@ -227,6 +227,7 @@ class _GatherFeatures(torch.autograd.Function):
 class Qwen25VL(Implementation):
     name = "qwen2_5_vl"
     splits = ("count",)
+    pixel_grads = True  # its split takes views of the pixels: gradients reach every real patch
     # Its tubelets are always 2 frames (the Conv3d's depth), whatever a spec's T: videos are drawn at T 1 or 2.
     media = MediaAxes(temporal_patch_sizes=(1, TEMPORAL_PATCH))
     towers = {"toy": media, "real": MediaAxes(patch_dim=REAL_PATCH, temporal_patch_sizes=(1, TEMPORAL_PATCH))}

@@ -11,6 +11,7 @@ from vdpcp.protocol import Implementation, MediaAxes, Ownership
 class Reference(Implementation):
     name = "reference"
     splits = STRATEGIES
+    pixel_grads = True  # its shards are views of the pixels (vdpcp.sharded): gradients reach every real patch
     tensor_parallel = (2,)  # TP sizes of its tower (vdpcp.tensor_parallel): the matrix runs CP x TP layouts
 
     towers = {"toy": MediaAxes(), "real": MediaAxes(patch_dim=REAL_PATCH)}

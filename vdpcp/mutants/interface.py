@@ -61,6 +61,10 @@ def gradient_changed(tensor, change: Callable):
         def backward(ctx, grad):
             return change(grad)
 
+        @staticmethod
+        def jvp(ctx, tangent):  # forward-mode: the identity, so vdpcp's row codes (vdpcp.reads) pass through it
+            return tangent.view_as(tangent)
+
     return Changed.apply(tensor)
 
 
