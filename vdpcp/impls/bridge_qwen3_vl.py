@@ -298,6 +298,8 @@ class BridgeQwen3VL(Implementation):
             return None
         items = media_items(spec)
         units = [(m, k) for m in items for k in range(m.grid_thw[0])]  # (media item, temporal patch)
+        if not units:  # Bridge splits nothing: no rank has an image
+            return Ownership((), (), (0,) * config.context_parallel_size)
         grids = torch.tensor([m.grid_thw for m in items], dtype=torch.long)
         patches = torch.zeros(int(grids.prod(dim=1).sum()), 1)
         _, _, per_rank, _ = self.release()[UTILS].qwen3vl_cp_split(config.context_parallel_size, patches, grids)

@@ -87,9 +87,14 @@ def distribution(version: str | None = None) -> importlib.metadata.Distribution:
     return found[0]
 
 
-@functools.cache
 def load(version: str | None = None, names: tuple[str, ...] = QWEN3_VL_MODULES) -> Release:
-    """Import ``names`` (and what they import of the release) from one release; ``sys.modules`` is left as it was."""
+    """Import ``names`` (and what they import of the release) from one release, once a process; ``sys.modules`` is
+    left as it was."""
+    return _load(version, tuple(names))
+
+
+@functools.cache  # called one way only, so a release is loaded once, whichever way load was called
+def _load(version: str | None, names: tuple[str, ...]) -> Release:
     dist = distribution(version)
     root = Path(dist.locate_file("")).resolve()
     if not (root / "megatron" / "bridge").is_dir():
