@@ -34,7 +34,7 @@ from vdpcp.testing import assert_case, params
 ROOT = Path(__file__).resolve().parents[2]
 OLD = "0.5.0"
 TABLE = [s for s in scenarios.scenarios(fixtures=None)
-         if s.spec.name in ("one-image", "three-images", "mixed-sizes", "video-t2-ragged", "video-and-images")]
+         if s.spec.name in ("one-image", "three-images", "video-and-images")]
 # What vdpcp runs of a release: its forward and the vision section's own functions.
 RUN = {MODEL: ("Qwen3VLModel.forward", "get_rope_index", "split_data_cp_rank", "split_deepstack_embs"),
        UTILS: ("reorganize_inputs", "qwen3vl_cp_split", "get_vision_cp_data", "collapse_thw",
