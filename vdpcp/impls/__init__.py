@@ -1,8 +1,9 @@
 """Implementations under test, found by name or by ``module:object``.
 
 ``resolve("reference")`` looks the name up in the ``vdpcp.implementations`` entry-point group (vdpcp's own
-built-ins are there: reference, mcore, qwen2_5_vl, automodel, automodel-shipped, nemotron-omni; an installed package adds its
-own; ``SHIPPED`` finds vdpcp's own in a checkout that was never installed); anything with a colon is imported:
+built-ins are there: reference, mcore, qwen2_5_vl, automodel, automodel-shipped, nemotron-omni, bridge-qwen3-vl, and
+bridge-qwen3-vl-0.5.0, the release before it held as a regression fixture; an installed package adds its own;
+``SHIPPED`` finds vdpcp's own in a checkout that was never installed); anything with a colon is imported:
 ``resolve("my_vlm.vision_dp:impl")``. A bad target raises ImplError, one line naming the target and what was
 expected. Rank workers resolve the same string, so a case carries the string, never the object.
 """
@@ -35,7 +36,9 @@ BUILT_INS = ("reference", "mcore")  # what `vdpcp check` runs when no --impl is 
 SHIPPED = {"reference": "vdpcp.impls.reference:reference", "mcore": "vdpcp.impls.mcore:mcore",
            "qwen2_5_vl": "vdpcp.impls.qwen2_5_vl:qwen2_5_vl", "automodel": "vdpcp.impls.automodel:automodel",
            "automodel-shipped": "vdpcp.impls.automodel:automodel_shipped",
-           "nemotron-omni": "vdpcp.impls.nemotron_omni:nemotron_omni"}
+           "nemotron-omni": "vdpcp.impls.nemotron_omni:nemotron_omni",
+           "bridge-qwen3-vl": "vdpcp.impls.bridge_qwen3_vl:bridge_qwen3_vl",
+           "bridge-qwen3-vl-0.5.0": "vdpcp.impls.bridge_qwen3_vl:bridge_qwen3_vl_0_5_0"}
 
 __all__ = ["CHECK_GROUP_ERROR", "GROUP_MISMATCH_TEXT", "GroupMismatchError", "ImplError", "Implementation", "KnownLimit",
            "MediaAxes", "MismatchError", "Ownership", "VisionDPConfig",
