@@ -61,7 +61,8 @@ tests[oracle]="tests/oracle tests/unit/test_oracle_weights.py tests/distributed/
   tests/unit/test_duck_parts.py::test_a_duck_whose_stated_plan_is_not_what_ran_is_a_plan_mismatch
   tests/unit/test_model_cache.py::test_a_rank_reuses_its_model_in_the_next_case_and_a_case_that_changes_it_fails"
 module[precision]=vdpcp/precision.py
-tests[precision]="tests/unit/test_precision.py tests/unit/test_precision_figures.py tests/oracle/test_rounding.py tests/oracle/test_precision_model.py
+tests[precision]="tests/unit/test_precision.py tests/unit/test_precision_figures.py tests/unit/test_shared_rounding.py
+  tests/oracle/test_rounding.py tests/oracle/test_precision_model.py
   tests/distributed/test_low_precision.py"
 module[sketch]=vdpcp/sketch.py
 tests[sketch]="tests/unit/test_sketch.py tests/oracle/test_gradients.py tests/distributed/test_sketched_sum.py"
@@ -89,7 +90,7 @@ tests[plugin]="tests/unit/test_root_conftest.py tests/harness/test_config.py tes
   tests/bounds/test_entry_points.py tests/unit/test_third_party.py::test_megatrons_notices_about_optional_packages_are_silenced"
   # every test that loads the plugin in a pytest of its own (pytester), and the filter lines it adds to this one
 module[expectations]=vdpcp/expectations.py
-tests[expectations]="tests/unit/test_judge.py tests/distributed/test_scenarios.py"
+tests[expectations]="tests/unit/test_judge.py tests/unit/test_mismatch_judge.py tests/distributed/test_scenarios.py"
 module[ab_judge]=vdpcp/ab/judge.py
 tests[ab_judge]="tests/ab/test_judge.py"
 module[saved]=vdpcp/saved.py
