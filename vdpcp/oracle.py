@@ -25,7 +25,8 @@ takes L = sum over r of L_r. With sharding on, it then checks:
    handed changes it);
 6. did it shard: which rows reached each rank's tower (through autograd), and how many rows each rank's tower
    took outside autograd (no_grad, inference_mode, detached inputs) that are not placeholders: work beyond its
-   own share, which is not-sharded.
+   own share, which is not-sharded; and where the implementation declares the objective its partition balances,
+   each rank's load from what it read against the best partition under it (vdpcp.load_balance: unbalanced).
 
 With sharding off (CP=1, opt-out) every rank encodes everything: outputs, and input and parameter grads
 summed over ranks. ``grads=False`` checks outputs only; so does a forward-only implementation, its gradients
@@ -51,7 +52,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
-from vdpcp import budget, comm, gloo_collectives, loss, model_cache, precision, regrouped, sketch
+from vdpcp import budget, comm, gloo_collectives, load_balance, loss, model_cache, precision, regrouped, sketch
 from vdpcp.case import Case, RankResult
 from vdpcp.harness.turns import turn
 from vdpcp.harness.worker import setting_up
@@ -294,6 +295,8 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
         _judge_distribution(result, read, plan, ref.sharded, replicated_run)
         if ref.sharded and not replicated_run and ref.untracked == 0:
             _judge_untracked(result, untracked, read, batch)
+        if ref.sharded and not replicated_run:  # held to the partition the implementation says it balances
+            _fail_into(result.unbalanced, load_balance.judge(read.tolist(), batch.spec, impl.balance(case)))
     rank_alone = ref.own_grads is not None
     if plan is not None and _contradicts(read, plan):
         plan, rank_alone = None, False  # the plan is not what ran: its per-rank checks would blame gradients
@@ -355,8 +358,12 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
 
 
 def _fail(result: RankResult, why: str | None) -> None:
+    _fail_into(result.failures, why)
+
+
+def _fail_into(lines: list[str], why: str | None) -> None:
     if why:
-        result.failures.append(why)
+        lines.append(why)
 
 
 def _off(config) -> str:

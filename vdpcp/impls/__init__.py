@@ -18,6 +18,7 @@ from vdpcp.protocol import (
     GROUP_MISMATCH_TEXT,
     REQUIRED,
     Adapted,
+    Balance,
     GroupMismatchError,
     Implementation,
     KnownLimit,
@@ -37,7 +38,7 @@ SHIPPED = {"reference": "vdpcp.impls.reference:reference", "mcore": "vdpcp.impls
            "automodel-shipped": "vdpcp.impls.automodel:automodel_shipped",
            "nemotron-omni": "vdpcp.impls.nemotron_omni:nemotron_omni"}
 
-__all__ = ["CHECK_GROUP_ERROR", "GROUP_MISMATCH_TEXT", "GroupMismatchError", "ImplError", "Implementation", "KnownLimit",
+__all__ = ["CHECK_GROUP_ERROR", "GROUP_MISMATCH_TEXT", "Balance", "GroupMismatchError", "ImplError", "Implementation", "KnownLimit",
            "MediaAxes", "MismatchError", "Ownership", "VisionDPConfig",
            "available", "check_group", "resolve"]
 

@@ -291,3 +291,20 @@ def _summed_forward(output, group):
     summed = output.detach().clone()
     dist.all_reduce(summed, group=group)
     return output + (summed - output.detach())
+
+
+@generic(
+    "partition-cost-squared",
+    "the partition balances each unit's cost as p^2 alone (Automodel's cost_alpha=0, its model before the linear "
+    "term), not the p * (p + alpha) it declares: small frames heap onto few ranks, outputs and gradients right",
+    kills=("video-t4-ragged-cp4-reference-count",),
+)
+def _partition_cost_squared(impl):
+    import copy
+
+    if not hasattr(impl, "frame_sharding") or not hasattr(impl, "thresholds"):
+        raise MutantDoesNotApply(f"{NOT_APPLICABLE}: {impl.name} has no partition cost of its own to set (Automodel's "
+                                 f"frame sharding config)")
+    squared = copy.copy(impl)  # the subject's own code, its own config's cost_alpha=0: called, not patched
+    squared.thresholds = {**impl.thresholds, "cost_alpha": 0}
+    return squared
