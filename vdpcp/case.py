@@ -102,6 +102,9 @@ class RankResult:
     # microbatch was encoded more than once): never a pass, and not a wrong result either.
     not_sharded: list[str] = field(default_factory=list)
     plan_mismatch: list[str] = field(default_factory=list)  # what ran contradicts the implementation's stated plan
+    # Correct and distributed, but the busiest rank carries a whole unit more than the best partition under the
+    # implementation's own declared objective (vdpcp.load_balance): never a pass, and not a wrong result either.
+    unbalanced: list[str] = field(default_factory=list)
     replicated: str | None = None  # the implementation's fallback policy encoded this microbatch whole, and why
     backend: str = ""  # what this rank really ran on (the harness's RankContext), not what was asked for
     device: str = ""
@@ -125,4 +128,5 @@ class RankResult:
 
     @property
     def ok(self) -> bool:
-        return not self.failures and not self.not_sharded and not self.plan_mismatch and self.unsharded_error is None
+        return (not self.failures and not self.not_sharded and not self.plan_mismatch and not self.unbalanced
+                and self.unsharded_error is None)

@@ -1,9 +1,9 @@
 """The oracle: on one rank, the implementation's sharded encoder against its own unsharded encoder.
 
-Each CP rank r weights the gathered features with its own deterministic random tensor W_r and takes
-L_r = sum(W_r * features), as each CP rank's language model consumes its own tokens; the unsharded
-reference, computed on the same rank with the same model, takes L = sum over r of L_r. With sharding on, it
-then checks:
+Each CP rank r merges the gathered features into a text stream, as a VLM's embedding merge does, and weights the
+merged stream with its own deterministic random tensor W_r: L_r = sum(W_r * merged) (vdpcp.loss), as each CP rank's
+language model consumes its own tokens; the unsharded reference, computed on the same rank with the same model,
+takes L = sum over r of L_r. With sharding on, it then checks:
 
 1. outputs: the gathered features on this rank equal the unsharded features, row for row;
 2. input grads, where the implementation declares its path differentiable in its pixels (``pixel_grads``; else
@@ -21,8 +21,13 @@ then checks:
    holding only placeholders that skips its tower (and would hang a tensor-parallel or FSDP peer) fails, unless
    the implementation says an empty rank may skip it;
    with sharding off, no collective is issued on the CP group;
-5. did it shard: which rows reached each rank's tower, seen at the tower's inputs whatever the grad mode
-   (vdpcp.reads): a tower that also runs rows of other ranks, under no_grad too, read them, which is not-sharded.
+5. the text stream's gradient, a second consumer of the merged stream's gradient, bit for bit: on this rank its own
+   loss's, summed over the CP ranks the unsharded one (a gather whose backward writes into the gradient it was
+   handed changes it);
+6. did it shard: which rows reached each rank's tower, seen at the tower's inputs whatever the grad mode
+   (vdpcp.reads): a tower that also runs rows of other ranks, under no_grad too, read them, which is not-sharded;
+   and where the implementation declares the objective its partition balances, each rank's load from what it read
+   against the best partition under it (vdpcp.load_balance: unbalanced).
 
 With sharding off (CP=1, opt-out) every rank encodes everything: outputs, and input and parameter grads
 summed over ranks. ``grads=False`` checks outputs only; so does a forward-only implementation, its gradients
@@ -48,19 +53,15 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
-from vdpcp import budget, comm, gloo_collectives, model_cache, precision, reads, regrouped, sketch
+from vdpcp import budget, comm, gloo_collectives, load_balance, loss, model_cache, precision, reads, regrouped, sketch
 from vdpcp.case import Case, RankResult
 from vdpcp.harness.turns import turn
 from vdpcp.harness.worker import setting_up
-from vdpcp.layout import zigzag_positions
 from vdpcp.protocol import OutputsError, Ownership, outputs_of
 from vdpcp.tensor_parallel import held_part
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
-# The fused sequence around the vision tokens, for the zigzag loss: text before and after the media.
-TEXT_BEFORE, TEXT_AFTER = 3, 5
 DP_SEED_STRIDE = 7919  # DP replica d encodes the case's microbatch drawn with seed + d * this
-OUTPUT_SEED_STRIDE = 104_729  # output k's loss weights are drawn with seed + k * this (k = 0: the main features)
 # Ranks sharing a GPU take turns for the unsharded arm when the case's concurrent estimate is over this share of it.
 TURNS_ABOVE = 0.8
 
@@ -81,6 +82,8 @@ class Unsharded:
     rounding: precision.Rounding | precision.Shared  # Shared: this rank's part, until summed after its turn
     graph: dict[str, bool]  # which outputs had an autograd graph (an encoder may return a bare tensor for no rows)
     gradients: bool  # whether the arms' gradients are checked (gradients_checked)
+    loss: loss.Loss
+    text_grads: dict[str, torch.Tensor] | None  # the prompt tables' gradients under the summed loss
 
 
 def check(ctx, case: Case, impl, groups) -> RankResult:
@@ -190,15 +193,17 @@ def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: 
     result.replicated = impl.replicated(spec, config) if config.shard_vision else None
     sharded = config.shard_vision and result.replicated is None
     plan = impl.plan(spec, config) if sharded else None
-    weights = {name: [loss_weights(case, spec, r, t.shape, dtype, device, output=i) for r in range(case.cp)]
-               for i, (name, t) in enumerate(out.items())}
+    case_loss = loss.case_loss(case, spec, {name: t.shape for name, t in out.items()}, dtype, device)
+    weights = case_loss.weights
     summed = {name: sum(w) for name, w in weights.items()}
-    own_weights, own_grads = None, None
+    own_weights, own_grads, text_grads = None, None, None
     if gradients:
         own_weights = {name: _own_weight(plan, sharded, w, cp_rank, device) for name, w in weights.items()}
         if all(w is not None for w in own_weights.values()):
-            own_grads = _param_grads(model, weighted(out, own_weights))
-        weighted(out, summed).backward()
+            own_grads = _param_grads(model, loss.features_loss(out, own_weights))
+        prompt = case_loss.prompt()
+        loss.merged_loss(out, prompt, case_loss.stream_weights()).backward()
+        text_grads = prompt.grads()
     params = list(model.parameters())
     grads = [p.grad for p in params]
     for p in params:
@@ -218,7 +223,7 @@ def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: 
                                          kinds=kinds, share=share)
         clock.lap("exact")
     return Unsharded(batch, {n: t.detach() for n, t in out.items()}, grads, own_grads, ran.ran(), ran.index,
-                     plan, weights, sharded, rounding, graph, gradients)
+                     plan, weights, sharded, rounding, graph, gradients, case_loss, text_grads)
 
 
 def _share(plan, kinds, gradients: bool, own_grads, group, cp_rank: int) -> precision.Share | None:
@@ -274,6 +279,7 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
     subject = impl.subject_model(model, case, dtype, ref.batch.patches.device)
     pixels = pixel_grads(impl)
     batch = replace(ref.batch, patches=ref.batch.patches.detach().clone().requires_grad_(pixels))
+    prompt = ref.loss.prompt()  # before the encode, as a VLM embeds its tokens first (vdpcp.loss: why it matters)
     with Execution(subject, ref.index) as ran, comm.Collectives(groups.cp) as issued, reads.coded(batch) as coded:
         out = outputs_of(impl.encode_sharded(subject, impl.inputs(coded), config, groups.cp), f"{impl.name}.encode_sharded")
     result.encoded = ran.rows
@@ -289,6 +295,8 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
     plan = ref.plan
     if case.cp > 1 and cp_rank == 0:  # said once: every rank sees the same table
         _judge_distribution(result, read, plan, ref.sharded, replicated_run)
+        if ref.sharded and not replicated_run:  # held to the partition the implementation says it balances
+            _fail_into(result.unbalanced, load_balance.judge(read.tolist(), batch.spec, impl.balance(case)))
     rank_alone = ref.own_grads is not None
     if plan is not None and _contradicts(read, plan):
         plan, rank_alone = None, False  # the plan is not what ran: its per-rank checks would blame gradients
@@ -319,15 +327,19 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
     if _graphless(result, out, ref.graph, groups.cp):
         return  # decided over the CP group, so every rank stops here alike
 
-    rank_loss(out, ref.weights, cp_rank).backward()
+    loss.rank_loss(out, ref.loss, prompt, cp_rank).backward()
     clock.lap("sharded")
     # The comparisons below hold the gradients within tolerances, not bit for bit: deterministic algorithms off
     # (on CUDA the count sketch's index_add_ then takes its atomic kernel, not a sorting one).
     with regrouped.relaxed():
         held = [held_part(g, p, groups.tp_rank, case.tp) if g is not None else None
                 for p, g in zip(subject.parameters(), ref.grads)]
-        extra = _pixel_extra(batch, ref.batch, case.cp, cp_rank, owned) if pixels else []
+        texts = prompt.grads()
+        extra = (_pixel_extra(batch, ref.batch, case.cp, cp_rank, owned) if pixels else []) + list(texts.values())
         summed = _check_param_grads(result, subject, held, groups.cp, extra, dtype, ref.rounding.params)
+        summed, summed_texts = summed[: len(summed) - len(texts)], summed[len(summed) - len(texts):]
+        _check_text(result, texts, ref.loss.table_grads(cp_rank), ref.loss.tokens, "this rank alone")
+        _check_text(result, dict(zip(texts, summed_texts)), ref.text_grads, ref.loss.tokens, "summed over ranks")
         pixels = pixels and _carried(result, summed[0])  # the same on every rank: the flags were summed over them
         if pixels:
             _check_input_grads(result, batch, ref, plan, read, summed[1:], owned)
@@ -347,8 +359,12 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
 
 
 def _fail(result: RankResult, why: str | None) -> None:
+    _fail_into(result.failures, why)
+
+
+def _fail_into(lines: list[str], why: str | None) -> None:
     if why:
-        result.failures.append(why)
+        lines.append(why)
 
 
 def pixel_grads(impl) -> bool:
@@ -408,16 +424,6 @@ def _graphless(result: RankResult, out: dict[str, torch.Tensor], graph: dict[str
     return bool(comm.all_reduce_sum(flag, group).item()) if group is not None else bool(bare)
 
 
-def rank_loss(outputs: dict[str, torch.Tensor], weights: dict[str, list[torch.Tensor]], rank: int) -> torch.Tensor:
-    """L_rank: what this CP rank's language model takes from the gathered outputs (its own weights only)."""
-    return weighted(outputs, {name: w[rank] for name, w in weights.items()})
-
-
-def weighted(outputs: dict[str, torch.Tensor], weights: dict[str, torch.Tensor]) -> torch.Tensor:
-    """sum over outputs of sum(W * output): what a language model's loss takes from every output."""
-    return sum((weights[name] * t).sum() for name, t in outputs.items())
-
-
 def _label(what: str, name: str, outputs: dict) -> str:
     return what if len(outputs) == 1 else f"{what} {name!r}"
 
@@ -425,31 +431,6 @@ def _label(what: str, name: str, outputs: dict) -> str:
 def replica_spec(case: Case, dp_rank: int):
     """The microbatch DP replica ``dp_rank`` encodes: the case's shapes, its own pixels."""
     return case.spec if dp_rank == 0 else replace(case.spec, seed=(case.spec.seed + DP_SEED_STRIDE * dp_rank) % 2**64)
-
-
-def loss_weights(case: Case, spec, rank: int, shape, dtype, device, output: int = 0) -> torch.Tensor:
-    """W_rank for one output: deterministic per (spec seed, CP rank, output); under zigzag, zero outside the
-    rank's LM shard (every output is over the same token rows)."""
-    gen = torch.Generator().manual_seed((1_000_003 * spec.seed + rank + OUTPUT_SEED_STRIDE * output) % 2**63)
-    w = sixteenths(torch.randn(shape, generator=gen, dtype=torch.float64))
-    if case.loss == "zigzag":
-        w = w * zigzag_rows(shape[0], case.cp, rank).unsqueeze(-1)
-    return w.to(dtype=dtype, device=device)
-
-
-def sixteenths(draw: torch.Tensor) -> torch.Tensor:
-    """A draw as odd sixteenths in (-2, 2), never zero: any sum of up to 8 of them (a gather's backward over 8 CP
-    ranks) is a multiple of 1/16 under 16 in magnitude, 8 significant bits, so exact in bf16, float32 and float64
-    in any order. Every rank's rows then receive the same gradient bits however a collective adds, which the
-    regrouped reference (vdpcp.regrouped) needs to hold gradients bitwise."""
-    return (torch.floor(draw.clamp(-2, 2 - 1 / 16) * 8) * 2 + 1) / 16
-
-
-def zigzag_rows(num_vision: int, cp: int, rank: int) -> torch.Tensor:
-    """Which vision rows rank ``rank`` holds when the fused text+vision sequence is CP-split zigzag-wise
-    (vdpcp.layout.zigzag_positions), so most ranks' gradient for an image comes from other ranks."""
-    held = zigzag_positions(TEXT_BEFORE + num_vision + TEXT_AFTER, cp, rank)
-    return held[TEXT_BEFORE : TEXT_BEFORE + num_vision].to(torch.float64)
 
 
 def _own_weight(plan, sharded: bool, weights, cp_rank: int, device) -> torch.Tensor | None:
@@ -724,6 +705,22 @@ def _check_sketched_param_grads(result, params, expected, group, extra, dtype, s
     return summed_extra
 
 
+def _check_text(result, got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], tokens, how: str) -> None:
+    """The prompt tables' gradients (vdpcp.loss), bit for bit: they are the loss weights, odd sixteenths, exact in
+    every dtype however ranks sum them. Which rows of the merged stream differ says where it was seen."""
+    for name, want in expected.items():
+        a, e = got[name].index_select(0, tokens[name]), want.index_select(0, tokens[name])  # in stream order
+        differ = a.ne(e).reshape(e.shape[0], -1).any(dim=1)
+        if bool(differ.any()):
+            rows = differ.nonzero().flatten().tolist()
+            vision = [r for r in rows if loss.TEXT_BEFORE <= r < e.shape[0] - loss.TEXT_AFTER]
+            result.failures.append(
+                f"{_label('text grads', name, expected)} ({how}): rank {result.rank} (CP rank {result.cp_rank})'s "
+                f"gradient of the text stream the outputs merge into differs from the unsharded run's in {len(rows)} "
+                f"of {e.shape[0]} rows, {len(vision)} of them vision rows (max abs {precision.max_abs(a, e):.3g}): "
+                f"a consumer of the merged stream's gradient saw it changed")
+
+
 def _check_rank_alone(result, model, expected, dtype, slack) -> None:
     """This rank's own parameter gradients against its own share of the unsharded ones (no collective)."""
     def pairs():  # a generator each time: a missing gradient's zeros one run at a time, never a tower's worth
@@ -825,10 +822,10 @@ def _grad(t: torch.Tensor) -> torch.Tensor:
     return t.grad if t.grad is not None else torch.zeros_like(t)
 
 
-def _param_grads(model, loss: torch.Tensor) -> list[torch.Tensor]:
-    """d loss / d params, one per parameter, leaving the graph for the full backward."""
+def _param_grads(model, of: torch.Tensor) -> list[torch.Tensor]:
+    """d of / d params, one per parameter, leaving the graph for the full backward."""
     params = list(model.parameters())
-    grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+    grads = torch.autograd.grad(of, params, retain_graph=True, allow_unused=True)
     return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
 
 

@@ -289,6 +289,16 @@ def _greedy_starts(costs, bound):
     return starts
 
 
+def best_busiest(costs: Sequence[int], parts: int, contiguous: bool) -> int:
+    """The busiest group's cost in the best partition of ``costs`` into ``parts`` non-empty groups vdpcp knows:
+    contiguous, the optimal one (the balanced split's); otherwise the packed split's (the optimum is NP-hard, and
+    none beats max(largest, total / parts)). Requires len(costs) >= parts."""
+    if not contiguous:
+        return max(sum(costs[u] for u in group) for group in _pack(costs, parts))
+    starts = _min_bottleneck_partition(costs, parts)
+    return max(sum(costs[a:b]) for a, b in zip(starts, starts[1:] + [len(costs)]))
+
+
 # --- packed split --------------------------------------------------------------------------------
 
 

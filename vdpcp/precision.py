@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.distributed as dist
 
-from vdpcp import comm, sketch
+from vdpcp import comm, loss, sketch
 from vdpcp.budget import EXACT_CHUNK
 from vdpcp.protocol import Ownership, outputs_of
 
@@ -338,11 +338,11 @@ def _backward(params, out, summed: dict, share: dict | None, own: list, rest: li
     return own, _into(params, rest, _weighted(out, {n: summed[n].to(dtype) - share[n].to(dtype) for n in summed}, dtype))
 
 
-def _into(params, totals: list, loss: torch.Tensor, keep: bool = False) -> list:
-    """``totals`` plus d loss / d params, in place, through each parameter's .grad; the input's .grad too."""
+def _into(params, totals: list, of: torch.Tensor, keep: bool = False) -> list:
+    """``totals`` plus d of / d params, in place, through each parameter's .grad; the input's .grad too."""
     for p, total in zip(params, totals):
         p.grad = total
-    loss.backward(retain_graph=keep)
+    of.backward(retain_graph=keep)
     totals = [p.grad for p in params]
     for p in params:
         p.grad = None
@@ -355,8 +355,8 @@ def _slice(weights: dict, start: int, rows: int) -> dict:
 
 
 def _weighted(outputs, weights, dtype) -> torch.Tensor:
-    """The loss over one chunk's outputs, under its weights."""
-    return sum((weights[name].to(dtype) * t).sum() for name, t in outputs.items())
+    """The case's merged loss over one chunk's outputs as the tower sees it, under its weights there."""
+    return loss.features_loss(outputs, {name: w.to(dtype) for name, w in weights.items()})
 
 
 def row_relative(actual: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:

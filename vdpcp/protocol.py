@@ -81,14 +81,19 @@ What it declares about itself, so the judge is fair to it (each default is the d
   their gradients too (summed over the ranks, on each row's owner, and in the regrouped run) wherever its sharded
   path carries them. The default: pixels are data, as a data loader yields them, and their gradients are not
   compared; a path that detaches them is never failed for it;
-- ``media.even_grids`` (``MediaAxes``): its tower takes even patch grids only.
+- ``media.even_grids`` (``MediaAxes``): its tower takes even patch grids only;
+- ``balance(case)``: the objective its partition balances (a ``Balance``: each unit's cost from its patch grid,
+  by name, "patches" or "attention" p*(p+alpha), or as a function, how many frames of a video make one unit, and
+  whether each rank holds a contiguous run of units), or None, the default, for a partition that promises no
+  balance (MCore's count split). vdpcp then measures each rank's load from what its tower read and holds the busiest
+  rank to the best partition under that same objective (vdpcp.load_balance: the ``unbalanced`` verdict).
 
 Nothing else in vdpcp branches on an implementation's name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -206,6 +211,32 @@ class MediaAxes:
     even_grids: bool = False
 
 
+@dataclass(frozen=True)
+class Balance:
+    """The objective an implementation's partition balances, as it declares it (``Implementation.balance``).
+
+    ``cost``: a unit's cost from its patch grid (rows, cols): "patches" (rows * cols), "attention" (p * (p +
+    ``alpha``), p = rows * cols: attention inside a unit grows with the square of its patches), or a function of
+    (rows, cols) returning an int. ``contiguous``: each rank holds one run of consecutive units (else any units).
+    ``frames_per_unit``: a video's frames per unit (None: the spec's temporal patch size); an image is one unit.
+    """
+
+    cost: str | Callable[[int, int], int] = "patches"
+    contiguous: bool = True
+    alpha: int = DEFAULT_ALPHA
+    frames_per_unit: int | None = None
+
+    def unit_cost(self, grid: tuple[int, int]) -> int:
+        p = grid[0] * grid[1]
+        if self.cost == "patches":
+            return p
+        if self.cost == "attention":
+            return p * (p + self.alpha)
+        if callable(self.cost):
+            return int(self.cost(*grid))
+        raise ValueError(f"Balance.cost: {self.cost!r}; expected 'patches', 'attention' or a function of (rows, cols)")
+
+
 class Implementation:
     """Defaults for the optional parts; ``build_model``, ``encode`` and ``encode_sharded`` are the subject's."""
 
@@ -262,6 +293,9 @@ class Implementation:
 
     def known_limit(self, case, backend: str) -> KnownLimit | None:
         return None
+
+    def balance(self, case) -> Balance | None:
+        return None  # its partition promises no balance: none is judged
 
     def scenarios(self) -> tuple:
         return ()
@@ -322,7 +356,7 @@ PROTOCOL = REQUIRED + ("build_model", "model_key", "subject_model", "inputs", "p
                        "known_limit", "splits",
                        "media", "towers", "scenarios", "preload", "tensor_parallel", "patch_bytes", "param_count",
                        "full_attention", "mismatch_error", "checks_cp1", "forward_only", "empty_rank_may_skip",
-                       "pixel_grads")
+                       "pixel_grads", "balance")
 
 
 class OutputsError(TypeError):

@@ -12,7 +12,7 @@ implementation is then bitwise equal, in
   own rows' patches against the regrouped run's;
 - parameter grads: this rank's own gradients against the regrouped run's, given the gradient its rows received,
   which the gather's backward makes the SUM over CP ranks of their loss weights on those rows. The loss weights
-  (vdpcp.oracle.loss_weights) are sixteenths under 2, so that sum is exact in any order and any dtype: whichever
+  (vdpcp.loss.loss_weights) are sixteenths under 2, so that sum is exact in any order and any dtype: whichever
   order a collective adds them in, every rank's rows receive the same bits.
 
 Two things make a correct run round apart from the regrouped one, and are held within EXTRA_ROWS_ULPS units of the
@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
-from vdpcp import comm, precision
+from vdpcp import comm, loss, precision
 from vdpcp.protocol import outputs_of
 from vdpcp.spec import Microbatch, MicrobatchSpec
 
@@ -257,12 +257,12 @@ def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: 
         received = {name: sum(w)[tokens] for name, w in weights.items()}  # the gather's backward: the sum over ranks
         named = list(model.named_parameters())
         params = [p for _, p in named]
-        loss = sum((received[name] * t).sum() for name, t in ref_out.items())
+        merged = loss.features_loss(ref_out, received)  # the case's merged loss, as the tower sees it
         inputs = [sub.patches] if pixels else []
-        want = torch.autograd.grad(loss, [*inputs, *params], allow_unused=True, retain_graph=True)
+        want = torch.autograd.grad(merged, [*inputs, *params], allow_unused=True, retain_graph=True)
         # The same backward again: where it does not repeat itself bit for bit (a kernel with no deterministic path
         # that said nothing), no bitwise verdict on gradients can be fair, and they are left to the other checks.
-        again = torch.autograd.grad(loss, [*inputs, *params], allow_unused=True)
+        again = torch.autograd.grad(merged, [*inputs, *params], allow_unused=True)
         if _repeats(want, again):
             if pixels:
                 picked = patch_index([int(c) for c in batch.cu_seqlens], own.rows).to(batch.patches.device)

@@ -25,7 +25,7 @@ from vdpcp.spec import spec_record
 
 STYLES = {"pass": "green", "replicated": "green", "xfail": "yellow", "killed": "green", "n/a": "yellow",
           "fail": "bold red", "error": "bold red", "xpass": "bold red", "survived": "bold red",
-          "unsharded-error": "bold red", "plan-mismatch": "bold red", "not-sharded": "bold magenta",
+          "unsharded-error": "bold red", "plan-mismatch": "bold red", "not-sharded": "bold magenta", "unbalanced": "magenta",
           "resource": "bold red"}
 ERRORS = (("out_err", "outputs"), ("input_grad_err", "input grads"), ("param_grad_err", "param grads"))
 

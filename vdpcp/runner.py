@@ -30,9 +30,9 @@ RANK_PRELOAD = ("vdpcp.runner", "torch.distributed.tensor")
 
 CORRECT = ("pass", "replicated")  # verdicts of a run whose every check held
 # The verdicts a run decides itself, in vdpcp.expectations.PRECEDENCE's order (the judge adds the rest), and the
-# RankResult field by which any one rank says so; the first three are also the messages a case reports.
+# RankResult field by which any one rank says so; the first four are also the messages a case reports.
 RUN_VERDICTS = tuple(v for v in PRECEDENCE if v not in JUDGED)
-MESSAGES = {"fail": "failures", "plan-mismatch": "plan_mismatch", "not-sharded": "not_sharded"}
+MESSAGES = {"fail": "failures", "plan-mismatch": "plan_mismatch", "not-sharded": "not_sharded", "unbalanced": "unbalanced"}
 RANK_FLAGS = {"unsharded-error": "unsharded_error", **MESSAGES, "replicated": "replicated"}
 
 

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from vdpcp import oracle, precision, sketch
+from vdpcp import loss, oracle, precision, sketch
 from vdpcp.case import Case
 from vdpcp.impls import resolve
 from vdpcp.protocol import Ownership, outputs_of
@@ -43,7 +43,7 @@ def _measured(ctx, spec_name: str, dtype: str, width: int | None, raise_on: int 
     batch = case.spec.tensors(dtype=dt)
     batch.patches.requires_grad_(True)
     out = {"features": impl.encode(model, impl.inputs(batch))}
-    summed = {"features": oracle.sixteenths(torch.randn(out["features"].shape, generator=torch.Generator().manual_seed(7),
+    summed = {"features": loss.sixteenths(torch.randn(out["features"].shape, generator=torch.Generator().manual_seed(7),
                                                         dtype=torch.float64)).to(dt)}
     plan = impl.plan(case.spec, case.config)
     mine = oracle.own_token_mask(plan, ctx.rank, cpu).unsqueeze(-1)

@@ -18,7 +18,9 @@ MATRIX = {case.id: case for case in scenarios.matrix()}
 NAMES = sorted(MUTANTS)
 # Killed, and named, by its own test below (it waits out a TP all-reduce's timeout, shortened there: once is enough).
 # The secondary-output mutant needs a second output, which the reference does not have: its own tests below.
-HUNTED = [name for name in NAMES if name not in ("tp-peer-skips-placeholder-tower", "secondary-output-rolled-on-last-rank")]
+# The partition's cost applies to Automodel's frame sharding only: its own test below.
+HUNTED = [name for name in NAMES if name not in ("tp-peer-skips-placeholder-tower", "secondary-output-rolled-on-last-rank",
+                                                 "partition-cost-squared")]
 
 
 def test_there_are_at_least_ten_mutants():
@@ -106,3 +108,11 @@ def test_the_secondary_output_mutant_is_killed_where_there_is_a_second_output():
     result = run_case(cases[0].with_(mutant="secondary-output-rolled-on-last-rank"))
     assert any("outputs 'deepstack0'" in f for f in result.failures), result.summary()
     assert not any("outputs 'features'" in f for f in result.failures), result.summary()
+
+
+@pytest.mark.distributed
+def test_a_partition_balanced_by_p_squared_is_unbalanced_on_automodels_own_code():
+    case = MATRIX["video-t4-ragged-cp4-reference-count"].with_(impl="automodel", split="contiguous-balanced")
+    result = run_case(case.with_(mutant="partition-cost-squared"))
+    assert result.verdict == "unbalanced", result.summary()
+    assert run_case(case).verdict == "pass"

@@ -18,7 +18,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from vdpcp import oracle
+from vdpcp import loss, oracle
 from vdpcp.case import Case
 from vdpcp.spec import MicrobatchSpec
 
@@ -39,7 +39,7 @@ def test_a_replicas_seed_wraps_at_2_64_as_a_specs_seed_does():
 
 def _weights(seed: int, rank: int, output: int, shape=(2, 3)) -> torch.Tensor:
     spec = replace(SPEC, seed=seed)
-    return oracle.loss_weights(Case(spec, 4), spec, rank, shape, torch.float64, CPU, output=output)
+    return loss.loss_weights(Case(spec, 4), spec, rank, shape, torch.float64, CPU, output=output)
 
 
 def _documented_draw(seed: int, rank: int, output: int, shape=(2, 3)) -> torch.Tensor:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.oracle import subjects
-from vdpcp import oracle, regrouped
+from vdpcp import loss, oracle, regrouped
 from vdpcp.case import Case, RankResult
 from vdpcp.impls import resolve
 from vdpcp.runner import run_case
@@ -58,7 +58,7 @@ def test_a_fingerprint_tells_one_flipped_bit_and_matches_equal_bits(dtype):
 
 
 def test_loss_weights_sum_over_eight_ranks_exactly_in_bf16_in_any_order():
-    draws = [oracle.sixteenths(torch.randn(4096, generator=torch.Generator().manual_seed(r), dtype=torch.float64))
+    draws = [loss.sixteenths(torch.randn(4096, generator=torch.Generator().manual_seed(r), dtype=torch.float64))
              for r in range(8)]
     assert all(((w * 16) % 2 == 1).all() and w.abs().max() < 2 for w in draws)  # odd sixteenths, never zero
     exact = sum(draws)

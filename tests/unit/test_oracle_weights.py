@@ -1,11 +1,13 @@
 """The oracle's inputs, pure: each DP replica's own microbatch, each CP rank's loss weights (deterministic, distinct
-per rank, zero outside the rank's LM shard under zigzag), and which gathered rows are a rank's own."""
+per rank, zero outside the rank's LM shard under zigzag), and which gathered rows are a rank's own. The merged loss
+itself: tests/unit/test_loss.py."""
 
 from dataclasses import replace
 
 import pytest
 import torch
 
+from vdpcp import loss as lm_loss
 from vdpcp import oracle
 from vdpcp.case import Case
 from vdpcp.impls import Ownership
@@ -30,38 +32,30 @@ def test_each_dp_replica_encodes_its_own_pixels_of_the_same_shapes():
 @pytest.mark.parametrize("loss", ["rank", "zigzag"])
 def test_loss_weights_are_deterministic_distinct_per_rank_and_in_the_cases_dtype(loss):
     case = Case(SPEC, 4, loss=loss)
-    weights = [oracle.loss_weights(case, SPEC, r, SHAPE, torch.float32, torch.device("cpu")) for r in range(4)]
-    again = oracle.loss_weights(case, SPEC, 2, SHAPE, torch.float32, torch.device("cpu"))
+    weights = [lm_loss.loss_weights(case, SPEC, r, SHAPE, torch.float32, torch.device("cpu")) for r in range(4)]
+    again = lm_loss.loss_weights(case, SPEC, 2, SHAPE, torch.float32, torch.device("cpu"))
     assert torch.equal(weights[2], again) and weights[2].dtype == torch.float32 and weights[2].shape == SHAPE
     for a in range(4):
         for b in range(a + 1, 4):
             assert not torch.equal(weights[a], weights[b])
-    other_seed = oracle.loss_weights(case, replace(SPEC, seed=8), 2, SHAPE, torch.float32, torch.device("cpu"))
+    other_seed = lm_loss.loss_weights(case, replace(SPEC, seed=8), 2, SHAPE, torch.float32, torch.device("cpu"))
     assert not torch.equal(other_seed, weights[2])
     held = torch.stack([(w != 0).all(dim=1) for w in weights])  # rows a rank's loss reads
     if loss == "rank":
         assert held.all()
     else:  # every vision row read by exactly one rank: the one whose zigzag LM shard holds it
         assert held.sum(0).tolist() == [1] * SHAPE[0]
-        assert torch.equal(held, torch.stack([oracle.zigzag_rows(SHAPE[0], 4, r).bool() for r in range(4)]))
+        assert torch.equal(held, torch.stack([lm_loss.zigzag_rows(SHAPE[0], 4, r).bool() for r in range(4)]))
 
 
 def test_zigzag_rows_are_the_vision_part_of_the_fused_sequences_split():
     from vdpcp.layout import zigzag_positions
 
-    n, before, after = 10, oracle.TEXT_BEFORE, oracle.TEXT_AFTER
+    n, before, after = 10, lm_loss.TEXT_BEFORE, lm_loss.TEXT_AFTER
     for rank in range(4):
-        rows = oracle.zigzag_rows(n, 4, rank)
+        rows = lm_loss.zigzag_rows(n, 4, rank)
         assert rows.dtype == torch.float64 and rows.shape == (n,)
         assert torch.equal(rows.bool(), zigzag_positions(before + n + after, 4, rank)[before : before + n])
-
-
-def test_a_ranks_loss_reads_its_own_weights_only_of_every_output():
-    outputs = {"features": torch.randn(SHAPE, dtype=torch.float64), "deepstack0": torch.randn(SHAPE, dtype=torch.float64)}
-    weights = {name: [torch.randn(SHAPE, dtype=torch.float64) for _ in range(3)] for name in outputs}
-    for rank in range(3):
-        expected = sum((weights[name][rank] * t).sum() for name, t in outputs.items())
-        assert oracle.rank_loss(outputs, weights, rank) == expected
 
 
 def test_own_token_mask_marks_the_gathered_rows_of_a_ranks_own_images():
@@ -74,9 +68,9 @@ def test_own_token_mask_marks_the_gathered_rows_of_a_ranks_own_images():
 def test_a_seed_of_any_size_draws_weights_and_the_main_features_are_output_0():
     case = Case(SPEC, 4)
     largest = replace(SPEC, seed=2**64 - 1)  # the largest a spec takes (and a DP replica's seed can wrap to)
-    w = oracle.loss_weights(case, largest, 3, SHAPE, torch.float64, torch.device("cpu"))
-    assert torch.equal(w, oracle.loss_weights(case, largest, 3, SHAPE, torch.float64, torch.device("cpu"), output=0))
-    assert not torch.equal(w, oracle.loss_weights(case, largest, 3, SHAPE, torch.float64, torch.device("cpu"), output=1))
+    w = lm_loss.loss_weights(case, largest, 3, SHAPE, torch.float64, torch.device("cpu"))
+    assert torch.equal(w, lm_loss.loss_weights(case, largest, 3, SHAPE, torch.float64, torch.device("cpu"), output=0))
+    assert not torch.equal(w, lm_loss.loss_weights(case, largest, 3, SHAPE, torch.float64, torch.device("cpu"), output=1))
 
 
 def test_each_media_item_is_the_ranks_own_another_ranks_or_shared_between_them():

@@ -6,7 +6,9 @@ own), and what each rank's tower really read (did it shard, as its plan says?). 
 xfails (see vdpcp.scenarios). Exit 0 when every case passes (pass, replicated as the implementation's fallback
 policy says, or a strict xfail failing the known way), 3 when the only others are not-sharded (every result right,
 but some microbatch was not distributed where vision_dp_over_cp should have sharded it: the feature is a
-silent no-op there, which CI should stop on but a script can tell from a wrong result), 1 when any case fails,
+silent no-op there, which CI should stop on but a script can tell from a wrong result), 4 when the only others are
+unbalanced (every result right and distributed, but a rank carries a whole unit more than the best partition under
+the implementation's own declared objective), 1 when any case fails,
 errors, mismatches its plan or passes a strict xfail, 2 on bad input.
 """
 
@@ -171,11 +173,17 @@ def _label(rows) -> str:
 
 
 NOT_SHARDED_EXIT = 3
+UNBALANCED_EXIT = 4
 
 
 def exit_code(verdicts) -> int:
-    """0 when every verdict passes, 3 when the rest are all not-sharded, else 1 (see the module's docstring)."""
+    """0 when every verdict passes, 3 when the rest are not-sharded (and maybe unbalanced), 4 when they are all
+    unbalanced, else 1 (see the module's docstring)."""
     from vdpcp.expectations import PASSING
 
     rest = {v for v in verdicts if v not in PASSING}
-    return 0 if not rest else NOT_SHARDED_EXIT if rest == {"not-sharded"} else 1
+    if not rest:
+        return 0
+    if rest <= {"not-sharded", "unbalanced"}:
+        return NOT_SHARDED_EXIT if "not-sharded" in rest else UNBALANCED_EXIT
+    return 1

@@ -19,6 +19,7 @@ from vdpcp.protocol import (
     GROUP_MISMATCH_TEXT,
     REQUIRED,
     Adapted,
+    Balance,
     GroupMismatchError,
     Implementation,
     KnownLimit,
@@ -40,7 +41,7 @@ SHIPPED = {"reference": "vdpcp.impls.reference:reference", "mcore": "vdpcp.impls
            "bridge-qwen3-vl": "vdpcp.impls.bridge_qwen3_vl:bridge_qwen3_vl",
            "bridge-qwen3-vl-0.5.0": "vdpcp.impls.bridge_qwen3_vl:bridge_qwen3_vl_0_5_0"}
 
-__all__ = ["CHECK_GROUP_ERROR", "GROUP_MISMATCH_TEXT", "GroupMismatchError", "ImplError", "Implementation", "KnownLimit",
+__all__ = ["CHECK_GROUP_ERROR", "GROUP_MISMATCH_TEXT", "Balance", "GroupMismatchError", "ImplError", "Implementation", "KnownLimit",
            "MediaAxes", "MismatchError", "Ownership", "VisionDPConfig",
            "available", "check_group", "resolve"]
 

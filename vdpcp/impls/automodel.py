@@ -34,6 +34,8 @@ tests/impls/test_automodel.py checks it against Qwen3-VL's own processors.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 
@@ -48,7 +50,7 @@ from vdpcp.impls.qwen2_5_vl import (
     qwen2_5_vl,
     seed_of,
 )
-from vdpcp.protocol import MAIN_OUTPUT, Implementation, KnownLimit, MediaAxes, check_group
+from vdpcp.protocol import MAIN_OUTPUT, Balance, Implementation, KnownLimit, MediaAxes, check_group
 from vdpcp.spec import MicrobatchSpec
 
 MODELING = "transformers.models.qwen3_vl.modeling_qwen3_vl"
@@ -192,6 +194,13 @@ class Automodel(Implementation):
                     f"min_frames={policy.min_frames}: Automodel replicates small visual workloads")
         return None
 
+    def balance(self, case) -> Balance:
+        """Automodel's objective (``_contiguous_balanced_bounds``): contiguous runs of frame units (a temporal patch
+        of 2 frames, an image) balanced by p * (p + alpha), p a unit's patches (its grid padded to even, as the
+        tower takes it), alpha 3 x the vision hidden size (its ``cost_alpha="auto"``)."""
+        return Balance(functools.partial(frame_cost, 3 * SIZES[case.tower]["hidden_size"]), contiguous=True,
+                       frames_per_unit=TEMPORAL_PATCH)
+
     def media_tokens(self, spec) -> tuple[int, ...]:
         """Each media item's merged tokens, as the tower returns them (its grid padded to even, 2x2 merged)."""
         return tuple(m.tokens for m in media_items(spec))
@@ -202,6 +211,12 @@ class Automodel(Implementation):
     def scenarios(self) -> tuple:
         """Microbatches just below and just above each of its thresholds, so the decision itself is tested."""
         return threshold_scenarios(self.name, self.frame_sharding(True))
+
+
+def frame_cost(alpha: int, rows: int, cols: int) -> int:
+    """A frame unit's cost to Automodel's partition: p * (p + alpha), p its patches padded to even grid sides."""
+    p = (rows + rows % MERGE) * (cols + cols % MERGE)
+    return p * (p + alpha)
 
 
 TOKEN_THRESHOLD_CPS = (2,)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from vdpcp import sharded
 from vdpcp.model import REAL_PATCH
 from vdpcp.plan import STRATEGIES
-from vdpcp.protocol import Implementation, MediaAxes, Ownership
+from vdpcp.protocol import Balance, Implementation, MediaAxes, Ownership
 
 
 class Reference(Implementation):
@@ -36,6 +36,14 @@ class Reference(Implementation):
 
     def plan(self, spec, config) -> Ownership | None:
         return sharded.ownership(sharded.plan_for(spec, config)) if config.shard_vision else None
+
+    def balance(self, case) -> Balance | None:
+        """balanced and packed minimise the busiest rank's cost (its config's), contiguous or in any order; count
+        divides by count and promises no balance."""
+        config = case.config
+        if config.strategy == "count":
+            return None
+        return Balance(config.cost, contiguous=config.strategy == "balanced", alpha=config.alpha)
 
 
 reference = Reference()

@@ -239,6 +239,31 @@ def _last_rank_skips_backward_collective(impl):
 
 
 @generic(
+    "gather-backward-all-reduces-in-place",
+    "the gather's backward all-reduces the gradient it is handed in place (summing the caller's buffer instead of a "
+    "copy of it): its own result is right, but every other reader of that buffer, the text stream the features "
+    "were merged into, gets the sum over the CP group instead of its own rank's gradient",
+    kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count"),
+)
+def _gather_backward_all_reduces_in_place(impl):
+    def change(outputs, config, group):
+        return {name: gradient_changed(t, lambda grad: _summed_in_place(grad, group)) for name, t in outputs.items()}
+
+    return _Wrapped(impl, change)
+
+
+def _summed_in_place(grad, group):
+    """``grad`` summed over ``group`` in the buffer it came in (where it is contiguous: ``contiguous()`` returns the
+    buffer itself then); the subject's own backward gets what it was handed, and sums it as it always does."""
+    import torch.distributed as dist
+
+    handed = grad.clone()
+    buffer = grad.contiguous()
+    dist.all_reduce(buffer, group=group)
+    return handed
+
+
+@generic(
     "tower-collective-left-in",
     "a tensor-parallel collective left inside the tower when it runs data-parallel (a vocab-parallel embedding's "
     "all-reduce): the first layer's output is summed over the CP group in the sharded encode, so each rank's "
@@ -270,3 +295,20 @@ def _summed_forward(output, group):
     summed = output.detach().clone()
     dist.all_reduce(summed, group=group)
     return output + (summed - output.detach())
+
+
+@generic(
+    "partition-cost-squared",
+    "the partition balances each unit's cost as p^2 alone (Automodel's cost_alpha=0, its model before the linear "
+    "term), not the p * (p + alpha) it declares: small frames heap onto few ranks, outputs and gradients right",
+    kills=("video-t4-ragged-cp4-reference-count",),
+)
+def _partition_cost_squared(impl):
+    import copy
+
+    if not hasattr(impl, "frame_sharding") or not hasattr(impl, "thresholds"):
+        raise MutantDoesNotApply(f"{NOT_APPLICABLE}: {impl.name} has no partition cost of its own to set (Automodel's "
+                                 f"frame sharding config)")
+    squared = copy.copy(impl)  # the subject's own code, its own config's cost_alpha=0: called, not patched
+    squared.thresholds = {**impl.thresholds, "cost_alpha": 0}
+    return squared

@@ -283,12 +283,12 @@ def _even_grid_padding_skipped():
     kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count"),
 )
 def _replicated_loss():
-    from vdpcp import oracle
+    from vdpcp import loss
 
-    def rank_loss(outputs, weights, rank):
-        return oracle.weighted(outputs, {name: sum(w) for name, w in weights.items()})
+    def rank_loss(outputs, case_loss, prompt, rank):
+        return loss.merged_loss(outputs, prompt, case_loss.stream_weights())
 
-    return {"vdpcp.oracle:rank_loss": rank_loss}
+    return {"vdpcp.loss:rank_loss": rank_loss}
 
 
 # --- groups and ranks (parallel layouts, execution, rank-asymmetric bugs) -----------------------------
