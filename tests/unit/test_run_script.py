@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-NO_DEPS = "requirements/no-deps.txt"  # part of the environment's key, as ./run reads it
+# The files that key the environment, in the order ./run reads them.
+KEYED = ("pyproject.toml", ".python-version", "requirements/no-deps.txt", "requirements/releases.txt")
 
 
 def _clone(tmp_path: Path, name: str, marker: str) -> Path:
@@ -67,7 +68,8 @@ def _script_copy(tmp_path: Path, pyproject: str) -> Path:
     shutil.copy(REPO / "run", root / "run")
     shutil.copy(REPO / ".python-version", root / ".python-version")
     (root / "requirements").mkdir()
-    shutil.copy(REPO / NO_DEPS, root / NO_DEPS)
+    for name in KEYED[2:]:
+        shutil.copy(REPO / name, root / name)
     (root / "pyproject.toml").write_text(pyproject)
     return root
 
@@ -75,7 +77,7 @@ def _script_copy(tmp_path: Path, pyproject: str) -> Path:
 def _environment_key(root: Path) -> str:
     import hashlib
 
-    keyed = b"".join((root / name).read_bytes() for name in ("pyproject.toml", ".python-version", NO_DEPS))
+    keyed = b"".join((root / name).read_bytes() for name in KEYED)
     return hashlib.sha256(keyed).hexdigest()[:12]
 
 
