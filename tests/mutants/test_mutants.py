@@ -18,9 +18,11 @@ MATRIX = {case.id: case for case in scenarios.matrix()}
 NAMES = sorted(MUTANTS)
 # Killed, and named, by its own test below (it waits out a TP all-reduce's timeout, shortened there: once is enough).
 # The secondary-output mutant needs a second output, which the reference does not have: its own tests below.
-# The partition's cost applies to Automodel's frame sharding only: its own test below.
+# The partition's cost applies to Automodel's frame sharding only, and the partition bugs must be unbalanced, not
+# merely killed: their own tests below.
+BALANCE = ("balanced-cut-one-unit-late", "split-cost-squared")
 HUNTED = [name for name in NAMES if name not in ("tp-peer-skips-placeholder-tower", "secondary-output-rolled-on-last-rank",
-                                                 "partition-cost-squared")]
+                                                 "partition-cost-squared", *BALANCE)]
 
 
 def test_there_are_at_least_ten_mutants():
@@ -108,6 +110,17 @@ def test_the_secondary_output_mutant_is_killed_where_there_is_a_second_output():
     result = run_case(cases[0].with_(mutant="secondary-output-rolled-on-last-rank"))
     assert any("outputs 'deepstack0'" in f for f in result.failures), result.summary()
     assert not any("outputs 'features'" in f for f in result.failures), result.summary()
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", BALANCE)
+def test_a_partition_bug_of_vdpcps_own_splits_is_unbalanced_with_every_output_right(name):
+    """The off-by-one cut on the contiguous balanced split, the squared cost on it and on the greedy packed one:
+    outputs and gradients stay right, so only the balance judged from what each tower read can kill them."""
+    for case_id in MUTANTS[name].kills:
+        result = run_case(MATRIX[case_id].with_(mutant=name))
+        assert result.verdict == "unbalanced", result.summary()
+        assert not any(r.failures for r in result.ranks), result.summary()
 
 
 @pytest.mark.distributed

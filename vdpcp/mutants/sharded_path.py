@@ -456,3 +456,45 @@ def _placeholder_dtype_hard_coded():
         return patches.to(torch.float16) if only_placeholders else patches
 
     return {"vdpcp.sharded:split": split}
+
+
+# --- the partition's balance (correct outputs and gradients: only a rank's load shows them) --------------
+
+
+@mutant(
+    "balanced-cut-one-unit-late",
+    "the contiguous balanced split's first cut falls one unit after the optimal one (an off-by-one at the cut "
+    "index): rank 0 carries a unit it need not, every output and gradient still right",
+    kills=("video-t2-ragged-cp2-reference-balanced", "video-and-images-cp4-reference-balanced"),
+)
+def _balanced_cut_one_unit_late():
+    from vdpcp import plan
+
+    original = plan._balanced_split
+
+    def split(rows, media, cp, T, patch_dim, unit_cost):
+        points, media, padded, placeholders = original(rows, media, cp, T, patch_dim, unit_cost)
+        inside = [first for first, _ in plan._units(media, T) if points[1] < first < points[2]]
+        if not placeholders and inside:  # rank 1 keeps at least one unit: the plan stays a plan
+            points = [points[0], inside[0], *points[2:]]
+        return points, media, padded, placeholders
+
+    return {"vdpcp.plan:_balanced_split": split}
+
+
+@mutant(
+    "split-cost-squared",
+    "the balanced and packed splits weigh each unit by the square of the cost the config declares (a cost model "
+    "that is not the work): small units heap onto few ranks, every output and gradient still right",
+    kills=("eleven-images-cp2-reference-packed", "eleven-images-cp4-reference-balanced"),
+)
+def _split_cost_squared():
+    from vdpcp import plan
+
+    balanced, packed = plan._balanced_split, plan._packed_split
+
+    def squared(cost):
+        return lambda tokens: cost(tokens) ** 2
+
+    return {"vdpcp.plan:_balanced_split": lambda *a: balanced(*a[:5], squared(a[5])),
+            "vdpcp.plan:_packed_split": lambda *a: packed(*a[:5], squared(a[5]))}
