@@ -6,7 +6,7 @@
 #   scripts/gpu-record.sh [--out DIR] [STEP...]    # from the repository root; every step by default
 #
 #   job        the GPU job as .github/workflows/gpu.yml runs it (NCCL, one rank per GPU) -> gpu-job.txt, gpu-job.xml
-#   suite      the whole suite with VDPCP_DEVICE=cuda exported for the job, as a runner may set it (issue 36)
+#   suite      the whole suite with VDPCP_DEVICE=cuda exported for the job, as a runner may set it
 #                                                                                       -> pytest-cuda-suite.txt
 #   nccl-cp1   vdpcp check --backend nccl --cp 1, every shipped subject             -> check-nccl-cp1.txt, .json
 #   bf16       the bf16 matrix at CP 2 and 4 over gloo, every rank's tensors on the GPU, per subject

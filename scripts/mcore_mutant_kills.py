@@ -1,7 +1,7 @@
-"""How many of MCore's sharded cases kill each of the issue's two planted bugs (tests/impls/broken_mcore.py), on gloo.
+"""How many of MCore's sharded cases kill each of two planted bugs (tests/impls/broken_mcore.py), on gloo.
 
-`vdpcp mutants` stops at a mutant's first kill; this counts every case that kills it, the figure issue 34 item 5
-asks for ("killed by most sharded cases, not 2-8"): on gloo those bugs show only where gradients are judged.
+`vdpcp mutants` stops at a mutant's first kill; this counts every case that kills it (a bug worth planting should be
+killed by most sharded cases, not 2-8): on gloo those bugs show only where gradients are judged.
 
     ./run python scripts/mcore_mutant_kills.py [--cp 2 4] [--json PATH]
 """

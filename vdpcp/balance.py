@@ -34,7 +34,7 @@ SPLITS = (
     ("packed:attention", "packed", "attention"),
 )
 SPLIT_NAMES = tuple(name for name, _, _ in SPLITS)
-TARGET_TO_LOWER_BOUND = 1.05  # issue 6: a balanced split's busiest rank within 5% of the lower bound
+TARGET_TO_LOWER_BOUND = 1.05  # the balance target: a split's busiest rank within 5% of the lower bound
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ JUDGED = ("xfail", "xpass")
 PASSING = ("pass", "replicated", "xfail")
 # A case expected to fail a known way has one rank raise while the others wait in the collective: the raising
 # rank's error is all the verdict needs (its text carries the signature), so the others get this long, not the
-# harness's 3 s: measured 0.94 -> 0.78 s a case for the CP=4 MCore xfails (0.5 s -> 0.1 s).
+# harness's 3 s: every xfail case would otherwise wait out the longer grace.
 KNOWN_LIMIT_GRACE_S = 0.1
 
 

@@ -113,8 +113,8 @@ def pytest_generate_tests(metafunc):
 
 
 # Sessions open in this process. pytester's in-process runs open a session inside a test of another one, sharing
-# its pool: the warm workers go at the outermost session's end, not at each inner one's (each inner shutdown cost
-# the outer session a zygote restart with every preload, 7-15 s).
+# its pool: the warm workers go at the outermost session's end, not at each inner one's (each inner shutdown would cost
+# the outer session a zygote restart with every preload).
 _open_sessions = 0
 
 

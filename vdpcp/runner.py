@@ -155,7 +155,7 @@ def preload_case_modules(impls=(), extra=()) -> None:
     """Have the rank zygote preload case_preload(impls) and ``extra``, unless a preload is configured already. On GPUs too:
     measured on the H200, with torch's NVML-based CUDA check (which the zygote sets) the only thread those imports
     leave is the CUDA driver's, and workers forked after it use CUDA, gloo and NCCL; the zygote proves that at each
-    start. A faulted case then costs +0.5 s there, not 8-14 s of re-imports (reports/gpu/README.md).
+    start. A faulted case then costs a fork, not the imports again (reports/gpu/README.md).
     Callers scope it (harness.config.configured)."""
     if harness_config.default_preload():
         return
@@ -164,8 +164,7 @@ def preload_case_modules(impls=(), extra=()) -> None:
 
 def case_preload(impls=()) -> tuple[str, ...]:
     """RANK_PRELOAD, the implementations' own preloads, and vdpcp's own adapter modules among them (the
-    reference's tower, MCore's plan: a worker forked after a faulted case would import them in its first case,
-    0.17 s of a CP 8 case here). A user's module is preloaded only if it lists itself: it is theirs to say that
+    reference's tower, MCore's plan: a worker forked after a faulted case would import them in its first case). A user's module is preloaded only if it lists itself: it is theirs to say that
     it starts no thread at import."""
     resolved = [resolve(target) for target in impls]
     own = [type(impl).__module__ for impl in resolved if type(impl).__module__.startswith("vdpcp.")]

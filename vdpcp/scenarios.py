@@ -292,8 +292,7 @@ def confirm_once(cases: list[Case], backend_of) -> tuple[list[Case], list[LeftOu
     layout and dtype, a strict xfail that must still fail the known way; its other gradient cases there are left
     out when their outputs-only case is in ``cases`` (the outputs are what such a case can check on that
     backend; its gradients run for real where the limit does not apply). Each stopped case would be a fault and
-    fresh rank workers (about 1 s of this 2-core machine) to say the same thing: MCore's gather backward stopped 59
-    of its 88 gradient cases on gloo this way, before vdpcp.gloo_collectives."""
+    fresh rank workers to say the same thing again."""
     from vdpcp.expectations import known_limit
 
     ids = {case.id for case in cases}

@@ -94,7 +94,7 @@ def test_balanced_is_within_one_unit_of_the_ideal(cp):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 6's target is out of reach of any order-preserving split at ~36 images per microbatch: the "
+    reason="the 5% balance target is out of reach of any order-preserving split at ~36 images per microbatch: the "
     "balanced split is the contiguous optimum (test above), yet up to 1.11x (CP=4) and 1.20x (CP=8) the lower "
     "bound max(largest image, total/CP), which is not attainable in general; see docs/perf/balance.md",
 )
@@ -107,7 +107,7 @@ def test_issue_target_contiguous_balanced_within_5_percent_of_lower_bound(cp):
 @pytest.mark.parametrize("cp", [4, 8])
 @pytest.mark.parametrize("cost", COSTS)
 def test_issue_target_packed_within_5_percent_of_lower_bound(cost, cp):
-    """Issue 6's target, met by the split that may reorder images (the gather puts them back in order)."""
+    """The 5% balance target, met by the split that may reorder images (the gather puts them back in order)."""
     worst = max(split_balance(generate("multi-image", s), cp, f"packed:{cost}", ALPHA).to_lower_bound(cost) for s in SEEDS)
     assert worst <= balance.TARGET_TO_LOWER_BOUND
 

@@ -1,5 +1,5 @@
 """`vdpcp check`, `mutants` and `fuzz` in a CI log: a line per case as it ends, -x / --maxfail, and reports that a
-killed job still leaves (issue 20: a check killed by `timeout` printed nothing and left no report)."""
+killed job still leaves (a check killed by `timeout` must print what it finished and leave a report)."""
 
 import json
 import os

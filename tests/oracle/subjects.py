@@ -152,8 +152,8 @@ beyond_the_slack = RoundsApart(2.3e-6)
 class BatchVariant(Reference):
     """The reference as a deep tower runs in bf16 on a GPU: an encode's rows come out ``noise`` (relative) away from
     exact, according to the group they were encoded in, because a row's value depends on what else is in its batch
-    (vdpcp.precision). The same group gives the same noise, as the same kernels give the same bits (issue 35's
-    measurement): the sharded rows carry their rank's group's noise, the unsharded rows the whole microbatch's. In
+    (vdpcp.precision). The same group gives the same noise, as the same kernels give the same bits (as
+    measured on GPUs): the sharded rows carry their rank's group's noise, the unsharded rows the whole microbatch's. In
     float32 and float64 (the exact run) it is exact. Correct: only the measured slack tells it from a bug."""
 
     name = "batch-variant"

@@ -81,8 +81,8 @@ def destroy_together(groups: list) -> None:
     """Destroy each process group, then drop the last references to them, each on a thread of its own, and wait.
 
     A gloo group's destructor joins its transport's event-loop thread, which sees the request to stop only when its
-    poll times out: MCore's 20 groups, freed one after another, slept 0.19 s a rank after every MCore case (0.01 s
-    of CPU); freed together, 0.01 s (world 1, this machine). ``groups`` is emptied: the threads hold the last
+    poll times out: MCore's 20 groups, freed one after another, would each sleep out that timeout; freed together, the
+    waits overlap. ``groups`` is emptied: the threads hold the last
     references, so a group that something else still holds is simply not freed yet.
     """
     import threading
@@ -104,7 +104,7 @@ def groups_held_by(module) -> list:
 
     A walk over a work list, not a function that calls itself: a nested function that recurses is a reference cycle
     (it holds itself in its closure), which kept every group it found, and their gloo threads, alive until the
-    garbage collector's next pass, in the middle of the next case (0.2-0.35 s of joins there, per rank)."""
+    garbage collector's next pass, in the middle of the next case."""
     import torch.distributed as dist
 
     found: dict[int, object] = {}

@@ -52,7 +52,7 @@ def ensure_parallel_state(cp_size: int) -> None:
         return
     ps.destroy_model_parallel()
     # No gloo copies of the data-parallel groups: only MCore's distributed-optimizer checkpointing reads them, never
-    # the vision path; each case builds its groups afresh, and the copies were most of that (0.37 s -> 0.13 s at CP 8).
+    # the vision path; each case builds its groups afresh, and the copies would be most of that cost.
     ps.initialize_model_parallel(context_parallel_size=cp_size, create_gloo_process_groups=False)
 
 

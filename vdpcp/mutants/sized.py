@@ -1,8 +1,8 @@
 """Sized mutants: a planted perturbation of a chosen size, for measuring how small a bug each check catches.
 
 Named ``<name>@<size>`` (``scale-rank-features@1e-3``); ``vdpcp bench sensitivity`` bisects the size. Each is a
-wrapper around any implementation (as vdpcp.mutants.interface's), planted on the LAST CP rank only, as the
-measurements of issue 35 were:
+wrapper around any implementation (as vdpcp.mutants.interface's), planted on the LAST CP rank only (a bug on a
+non-zero rank is the one a checker that looked at rank 0 alone would miss):
 
 - scale-rank-features@eps: that rank's copy of every gathered output x (1 + eps);
 - scale-rank-grad@eps: the gradient that rank's loss hands the gather's backward x (1 + eps), so every rank's
