@@ -59,3 +59,18 @@ def test_check_names_it_in_the_json_per_case_and_rank_in_the_junit_and_under_the
         assert [record["collectives"]] + [r["collectives"] for r in record["ranks"]] == [said] * (1 + len(record["ranks"]))
     properties = ET.parse(tmp_path / "r.xml").getroot().findall("testcase/properties/property[@name='collectives']")
     assert [p.get("value") for p in properties] == [gloo_collectives.NOTE] * 2
+
+
+def test_mcores_tubelet_give_up_fails_on_its_outputs_and_names_the_stale_plan_never_an_error_in_the_checker():
+    """MCore's split gives up and keeps stale split points (docs/found.md): its stated plan puts a rank's rows past
+    the gathered outputs. The checks that compare them must say so, not raise inside vdpcp's regrouped run."""
+    from pathlib import Path
+
+    from vdpcp.cli.replay import load_case
+    from vdpcp.runner import run_case
+
+    case = load_case(Path(__file__).resolve().parents[2] / "docs" / "found" / "mcore-tubelet-give-up-cp4.json")
+    result = run_case(case)
+    assert result.verdict == "fail", result.summary()
+    assert any(f.startswith("outputs: Tensor-likes are not close!") for f in result.ranks[0].failures), result.summary()
+    assert any("past the 8 rows of the gathered outputs" in f for f in result.ranks[3].failures), result.summary()
