@@ -38,7 +38,7 @@
 #   set -o pipefail; scripts/gpu-record.sh faults ab memory 2>&1 | tee $OUT/gpu-record-stdout-2.txt
 set -u
 ALL="job suite nccl-cp1 bf16 real real-f32 real-mutants sensitivity faults ab memory"
-SUBJECTS="reference mcore qwen2_5_vl automodel automodel-shipped nemotron-omni"
+SUBJECTS="reference mcore qwen2_5_vl automodel automodel-shipped nemotron-omni bridge-qwen3-vl"
 out=${OUT:-reports/gpu}
 if [ "${1:-}" = --out ]; then
     out=${2:?"gpu-record.sh: --out needs a folder"}

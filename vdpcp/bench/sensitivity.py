@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from vdpcp.cli import DTYPES, IMPL_HELP, RANKS, TOWER_HELP, add_run_options, checked_impls, checked_tower, number
+from vdpcp.impls import CURRENT
 
-SHIPPED = ("reference", "mcore", "qwen2_5_vl", "automodel", "automodel-shipped", "nemotron-omni")
 GRID = tuple(10.0**-k for k in range(12, 0, -1))  # 1e-12 .. 1e-1, ascending
 CHECKS = ("exact", "outputs", "input grads", "param grads")
 
@@ -27,7 +27,7 @@ CHECKS = ("exact", "outputs", "input grads", "param grads")
 def add_arguments(parser) -> None:
     from vdpcp.mutants import SIZED
 
-    parser.add_argument("--impl", nargs="+", default=list(SHIPPED), metavar="IMPL",
+    parser.add_argument("--impl", nargs="+", default=list(CURRENT), metavar="IMPL",
                         help=f"implementations (default: every shipped subject): {IMPL_HELP}")
     parser.add_argument("--cp", type=RANKS, default=2, metavar="N", help="CP size (default 2)")
     parser.add_argument("--dtype", choices=DTYPES, nargs="+", default=["float64"], help="dtypes (default float64)")

@@ -20,13 +20,13 @@ import time
 from pathlib import Path
 
 from vdpcp.cli import DTYPES, IMPL_HELP, RANKS, TOWER_HELP, add_budget_option, add_run_options, checked_impls, checked_tower
+from vdpcp.impls import CURRENT
 
-SHIPPED = ("reference", "mcore", "qwen2_5_vl", "automodel", "automodel-shipped")
 GiB = 2**30
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--impl", nargs="+", default=list(SHIPPED), metavar="IMPL",
+    parser.add_argument("--impl", nargs="+", default=list(CURRENT), metavar="IMPL",
                         help=f"implementations (default: every shipped subject): {IMPL_HELP}")
     parser.add_argument("--cp", type=RANKS, nargs="+", default=[2, 4], metavar="N", help="CP sizes (default 2 4)")
     parser.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="dtype of every case (default bfloat16)")

@@ -40,6 +40,9 @@ SHIPPED = {"reference": "vdpcp.impls.reference:reference", "mcore": "vdpcp.impls
            "nemotron-omni": "vdpcp.impls.nemotron_omni:nemotron_omni",
            "bridge-qwen3-vl": "vdpcp.impls.bridge_qwen3_vl:bridge_qwen3_vl",
            "bridge-qwen3-vl-0.5.0": "vdpcp.impls.bridge_qwen3_vl:bridge_qwen3_vl_0_5_0"}
+# Releases held to vdpcp as regression fixtures: they must fail, so the benches' "every shipped subject" leaves them out.
+FIXTURES = ("bridge-qwen3-vl-0.5.0",)
+CURRENT = tuple(name for name in SHIPPED if name not in FIXTURES)
 
 __all__ = ["CHECK_GROUP_ERROR", "GROUP_MISMATCH_TEXT", "Balance", "GroupMismatchError", "ImplError", "Implementation", "KnownLimit",
            "MediaAxes", "MismatchError", "Ownership", "VisionDPConfig",
