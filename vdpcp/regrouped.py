@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from vdpcp import comm, loss, precision
+from vdpcp.oracle.execution import Execution
 from vdpcp.protocol import outputs_of
 from vdpcp.spec import Microbatch, MicrobatchSpec
 
@@ -211,11 +212,10 @@ def patch_index(cu: list[int], rows: list[int]) -> torch.Tensor:
     return _spans([(cu[r], cu[r + 1]) for r in rows])
 
 
-def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: bool, watch, pixels: bool = False) -> None:
+def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: bool, pixels: bool = False) -> None:
     """Hold this rank's outputs (and, with ``grads`` and an exact backward, its parameter gradients, and with
     ``pixels`` its input gradients) to the regrouped run of its own media; failures go to ``result.failures``, what
-    was held to ``result.exact``.
-    ``watch``: vdpcp.oracle.Execution, to count the rows the regrouped run's tower takes."""
+    was held to ``result.exact``."""
     encoded, cp_rank = {}, result.cp_rank
     _same_copies(result, out, cp_group)
 
@@ -223,7 +223,7 @@ def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: 
         if not rows:
             return 0  # nothing of its own: no encode (an empty microbatch is a limit of some towers)
         try:
-            with watch(model) as ran:
+            with Execution(model) as ran:  # the rows the regrouped run's tower takes
                 encoded["run"] = _encode(impl, model, batch, rows)
             encoded["rows"] = ran.rows
         except Exception as err:  # said below; the count still goes out, so no rank waits on this one

@@ -128,8 +128,7 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
         result.out_err = max(result.out_err, precision.max_abs(out[name], expected))
     if any(out[n].shape != ref.out[n].shape for n in ref.out) or not ref.gradients:
         if not ref.gradients and ref.sharded and not replicated_run:  # shapes that differ stop every rank alike
-            regrouped.hold(result, impl, subject, batch, out, ref.weights, plan, read, groups.cp, grads=False,
-                           watch=Execution)
+            regrouped.hold(result, impl, subject, batch, out, ref.weights, plan, read, groups.cp, grads=False)
         return  # every rank gathered the same shapes, so every rank stops here: no collective hangs
     if _graphless(result, out, ref.graph, groups.cp):
         return  # decided over the CP group, so every rank stops here alike
@@ -160,8 +159,7 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
             _check_rank_alone(result, subject, own, dtype, ref.rounding.own_params)
     clock.lap("gradients")
     if owned:
-        regrouped.hold(result, impl, subject, batch, out, ref.weights, plan, read, groups.cp, grads=True,
-                       watch=Execution, pixels=pixels)
+        regrouped.hold(result, impl, subject, batch, out, ref.weights, plan, read, groups.cp, grads=True, pixels=pixels)
         clock.lap("regrouped")
 
 
