@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from vdpcp import comm, loss, precision
+from vdpcp.grads import grad_or_zeros
 from vdpcp.oracle.execution import Execution
 from vdpcp.protocol import outputs_of
 from vdpcp.spec import Microbatch, MicrobatchSpec
@@ -271,7 +272,7 @@ def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: 
         if _repeats(want, again):
             if pixels:
                 picked = patch_index([int(c) for c in batch.cu_seqlens], own.rows).to(batch.patches.device)
-                _exact(result, "input grads", whose, _grad(batch.patches)[:, picked], want[0], ulps)
+                _exact(result, "input grads", whose, grad_or_zeros(batch.patches)[:, picked], want[0], ulps)
             _exact_params(result, whose, named, want[len(inputs):], ulps)
             held = f"outputs, {'input and ' if pixels else ''}parameter gradients"
         else:
@@ -348,7 +349,7 @@ def _exact(result, what: str, whose: str, got, expected, ulps: int) -> None:
 def _exact_params(result, whose: str, named, want, ulps: int) -> None:
     """Every parameter's gradient (as one vector within ``ulps``); the first one off is named."""
     params = [p for _, p in named]
-    got = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    got = [grad_or_zeros(p) for p in params]
     want = [w if w is not None else torch.zeros_like(p) for p, w in zip(params, want)]
     if _same(got, want, ulps):
         return
@@ -374,10 +375,6 @@ def _same(got: list, want: list, ulps: int) -> bool:
 
 def _allowed(dtype, ulps: int) -> str:
     return f" (allowed {ulps * torch.finfo(dtype).eps:.2g})" if ulps else " (expected bitwise)"
-
-
-def _grad(t: torch.Tensor) -> torch.Tensor:
-    return t.grad if t.grad is not None else torch.zeros_like(t)
 
 
 def _rows(rows: list[int]) -> str:

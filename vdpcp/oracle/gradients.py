@@ -10,6 +10,7 @@ import torch
 
 from vdpcp import comm, loss, precision, sketch
 from vdpcp.case import RankResult
+from vdpcp.grads import grad_or_zeros
 from vdpcp.oracle.failures import _fail, _label
 from vdpcp.oracle.split import _readers
 from vdpcp.oracle.unsharded import Unsharded
@@ -18,7 +19,7 @@ def _pixel_extra(batch, ref_batch, cp: int, cp_rank: int, owned: bool) -> list[t
     """What the input-gradient checks sum over the CP group with the parameter gradients: whether this rank's sharded
     pixels and its unsharded ones got a gradient, the sharded gradient, and (owned) which rows it is non-zero on."""
     has = [float(batch.patches.grad is not None), float(ref_batch.patches.grad is not None)]
-    grad = _grad(batch.patches)
+    grad = grad_or_zeros(batch.patches)
     return [torch.tensor(has, dtype=torch.float64, device=grad.device), grad] + (
         [_holding(batch, grad, cp, cp_rank)] if owned else [])
 
@@ -38,7 +39,7 @@ def _check_input_grads(result: RankResult, batch, ref: Unsharded, plan, read, su
                        owned: bool) -> None:
     """The pixel gradients: summed over the CP ranks against the unsharded ones, and (owned) each row's on exactly
     its owner, equal there. ``summed``: _pixel_extra's gradient and holders, summed over the CP group."""
-    grad, ref_grad = _grad(batch.patches), _grad(ref.batch.patches)
+    grad, ref_grad = grad_or_zeros(batch.patches), grad_or_zeros(ref.batch.patches)
     _fail(result, _compare_images(result, "input grads (summed over ranks)", summed[0], ref_grad, batch.cu_seqlens,
                                   range(len(batch.cu_seqlens) - 1), ref.rounding.input))
     if owned:
@@ -105,7 +106,7 @@ def _check_param_grads(result, model, expected, group, extra, dtype, slack) -> l
     diff_sq = scale_sq = 0.0
     summed_extra = None
     for bucket in _buckets([p for _, p in params]) or [[]]:
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in (params[i][1] for i in bucket)]
+        grads = [grad_or_zeros(p) for p in (params[i][1] for i in bucket)]
         parts = comm.all_reduce_sums((extra if summed_extra is None else []) + grads, group)
         if summed_extra is None:
             summed_extra, parts = parts[: len(extra)], parts[len(extra):]
@@ -157,7 +158,7 @@ def _check_text(result, got: dict[str, torch.Tensor], expected: dict[str, torch.
 def _check_rank_alone(result, model, expected, dtype, slack) -> None:
     """This rank's own parameter gradients against its own share of the unsharded ones (no collective)."""
     def pairs():  # a generator each time: a missing gradient's zeros one run at a time, never a tower's worth
-        return ((name, p.grad if p.grad is not None else torch.zeros_like(p), want)
+        return ((name, grad_or_zeros(p), want)
                 for (name, p), want in zip(model.named_parameters(), expected))
 
     result.param_grad_err = max(result.param_grad_err, precision.max_abs_each(pairs()))
@@ -178,7 +179,3 @@ def _buckets(params) -> list[list[int]]:
         out[-1].append(i)
         size += p.numel()
     return out
-
-
-def _grad(t: torch.Tensor) -> torch.Tensor:
-    return t.grad if t.grad is not None else torch.zeros_like(t)
