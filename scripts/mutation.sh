@@ -99,7 +99,8 @@ tests[expectations]="tests/unit/test_judge.py tests/unit/test_mismatch_judge.py 
 module[ab_judge]=vdpcp/ab/judge.py
 tests[ab_judge]="tests/ab/test_judge.py"
 module[saved]=vdpcp/saved.py
-tests[saved]="tests/fuzz/test_saved_cp.py tests/fuzz/test_replay.py::test_every_case_field_round_trips_through_a_saved_file
+tests[saved]="tests/fuzz/test_saved_cp.py tests/fuzz/test_capture.py
+  tests/fuzz/test_replay.py::test_every_case_field_round_trips_through_a_saved_file
   tests/fuzz/test_replay.py::test_a_bad_spec_file_exits_2_naming_file_and_field
   tests/fuzz/test_regressions.py::test_every_saved_regression_describes_its_case_and_failure"
 module[capture]=vdpcp/capture.py
