@@ -45,8 +45,9 @@ cosmic_ray_version=8.7.0
 # module -> the tests that reach it, cheapest and surest first (pytest -x stops at the first failure, so a mutant
 # that the in-process tests kill costs seconds, not the distributed cases' minute).
 declare -A module tests
-module[oracle]=vdpcp/oracle.py
-tests[oracle]="tests/oracle tests/unit/test_oracle_weights.py tests/distributed/test_oracle_figures.py
+# The oracle is a package: each of its modules is mutated against the oracle's tests ("oracle" names them all).
+oracle_parts="oracle_arms oracle_unsharded oracle_weights oracle_execution oracle_split oracle_gradients oracle_telemetry oracle_failures"
+oracle_tests="tests/oracle tests/unit/test_oracle_weights.py tests/distributed/test_oracle_figures.py
   tests/distributed/test_matrix.py::test_case[three-images-cp4-reference-count]
   tests/distributed/test_matrix.py::test_case[one-image-cp1-reference-count]
   tests/distributed/test_matrix.py::test_case[three-images-cp4-reference-count-zigzag]
@@ -60,6 +61,10 @@ tests[oracle]="tests/oracle tests/unit/test_oracle_weights.py tests/distributed/
   tests/distributed/test_execution.py tests/distributed/test_low_precision.py
   tests/unit/test_duck_parts.py::test_a_duck_whose_stated_plan_is_not_what_ran_is_a_plan_mismatch
   tests/unit/test_model_cache.py::test_a_rank_reuses_its_model_in_the_next_case_and_a_case_that_changes_it_fails"
+for part in $oracle_parts; do
+    module[$part]=vdpcp/oracle/${part#oracle_}.py
+    tests[$part]=$oracle_tests
+done
 module[precision]=vdpcp/precision.py
 tests[precision]="tests/unit/test_precision.py tests/unit/test_precision_figures.py tests/unit/test_shared_rounding.py
   tests/oracle/test_rounding.py tests/oracle/test_precision_model.py
@@ -94,7 +99,8 @@ tests[expectations]="tests/unit/test_judge.py tests/unit/test_mismatch_judge.py 
 module[ab_judge]=vdpcp/ab/judge.py
 tests[ab_judge]="tests/ab/test_judge.py"
 module[saved]=vdpcp/saved.py
-tests[saved]="tests/fuzz/test_saved_cp.py tests/fuzz/test_replay.py::test_every_case_field_round_trips_through_a_saved_file
+tests[saved]="tests/fuzz/test_saved_cp.py tests/fuzz/test_capture.py
+  tests/fuzz/test_replay.py::test_every_case_field_round_trips_through_a_saved_file
   tests/fuzz/test_replay.py::test_a_bad_spec_file_exits_2_naming_file_and_field
   tests/fuzz/test_regressions.py::test_every_saved_regression_describes_its_case_and_failure"
 module[capture]=vdpcp/capture.py
@@ -112,9 +118,10 @@ tests[tensor_parallel]="$tp_tests
 module[reference]=vdpcp/impls/reference.py
 tests[reference]="$tp_tests
   tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case[gather-before-project]"
-ALL="expectations runner model_cache sketch plugin ab_judge saved capture impls layout reference tensor_parallel fuzz precision oracle"  # the order they run in
+ALL="expectations runner model_cache sketch plugin ab_judge saved capture impls layout reference tensor_parallel fuzz precision $oracle_parts"  # the order they run in
 
 names=${*:-$ALL}
+names=$(echo " $names " | sed "s/ oracle / $oracle_parts /g")
 for name in $names; do
     [ -n "${module[$name]:-}" ] || { echo "mutation.sh: unknown module $name; expected some of: $ALL" >&2; exit 2; }
 done

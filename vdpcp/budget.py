@@ -229,7 +229,7 @@ def need(case, patch_bytes: int | None = None, device: str = "cpu") -> Need:
         return body
 
     # Its own share of the gradients: the rows of a stated plan, or, encoded whole (sharding off, or the
-    # implementation's fallback policy replicating the microbatch), its own loss's (vdpcp.oracle._own_weight).
+    # implementation's fallback policy replicating the microbatch), its own loss's (vdpcp.oracle.weights._own_weight).
     replicates = case.config.shard_vision and _replicates(case)
     own = int(not case.config.shard_vision or replicates or _plans(case)) if case.grads else 0
     grads = params * d if case.grads else 0  # an outputs-only case takes no backward

@@ -23,15 +23,13 @@ which ``vdpcp replay`` reads (``cp_from_name``) unless ``--cp`` is given.
 
 from __future__ import annotations
 
-import re
 from contextlib import contextmanager
 from pathlib import Path
 
 from vdpcp import budget
 from vdpcp.case import Case
+from vdpcp.saved import cp_from_name, name_with_cp
 from vdpcp.spec import MicrobatchSpec, SpecError, clipped
-
-_CP_TAG = re.compile(r"(?:^|-)cp(\d+)$")
 
 
 def capture(
@@ -88,17 +86,6 @@ def capture_on_failure(path: str | Path, imgs_sizes, **fields):
     except BaseException:
         spec.save(path)
         raise
-
-
-def name_with_cp(name: str, cp: int) -> str:
-    """``name`` tagged with the CP size (replacing an existing tag): "step18412" -> "step18412-cp4"."""
-    return f"{_CP_TAG.sub('', name) or 'microbatch'}-cp{cp}"
-
-
-def cp_from_name(name: str) -> int | None:
-    """The CP size a spec was captured or found at, from its name's trailing ``-cp<N>`` tag; None without one."""
-    match = _CP_TAG.search(name)
-    return int(match.group(1)) if match else None
 
 
 def _as_list(value, field: str) -> list:

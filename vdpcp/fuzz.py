@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 from hypothesis.errors import Flaky, NoSuchExample
 
 from vdpcp import budget, saved
-from vdpcp.capture import name_with_cp
 from vdpcp.case import Case
 from vdpcp.runner import MESSAGES, CaseResult, run_case
+from vdpcp.saved import name_with_cp
 from vdpcp.spec import DEFAULT_PATCH_DIM, MicrobatchSpec
 
 DEFAULT_BUDGET = 100  # microbatches drawn before giving up (shrinking runs come on top)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vdpcp.grads import grad_or_zeros
 from vdpcp.layout import zigzag_positions
 
 # The prompt around the vision rows, which the zigzag loss's fused sequence is: text before and after the media.
@@ -73,7 +74,7 @@ class Prompt:
     streams: dict[str, torch.Tensor]
 
     def grads(self) -> dict[str, torch.Tensor]:
-        return {name: t.grad if t.grad is not None else torch.zeros_like(t) for name, t in self.tables.items()}
+        return {name: grad_or_zeros(t) for name, t in self.tables.items()}
 
 
 def case_loss(case, spec, shapes: dict[str, tuple], dtype, device) -> Loss:

@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from vdpcp import comm, loss, sketch
 from vdpcp.budget import EXACT_CHUNK
+from vdpcp.grads import grad_or_zeros
 from vdpcp.protocol import Ownership, outputs_of
 
 # assert_close's default rtol for the dtypes compared as norms; float64 compares element by element.
@@ -213,7 +214,7 @@ def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weig
             return _shared(share, failed, outputs, batch, patches, ref_grads, own_grads, own, params, grads)
         except Exception as err:  # its figures too (a plan whose token counts are not the outputs' rows, say)
             return Shared(share, patches.device, err)
-    input_figure = 2 * segment_relative(_grad(batch.patches), _grad(patches), batch.cu_seqlens) if pixels else None
+    input_figure = 2 * segment_relative(grad_or_zeros(batch.patches), grad_or_zeros(patches), batch.cu_seqlens) if pixels else None
     if not grads:
         return Rounding(outputs)
     summed = [r if o is None else o if r is None else r.add_(o) for o, r in zip(own, rest)]
@@ -236,7 +237,7 @@ def _shared(share: Share, failed, outputs: dict, batch, patches, ref_grads, own_
     # rows no chunk here reached have no exact gradient: their figure is their owner's
     figure = None
     if patches.requires_grad:
-        figure = 2 * segment_relative(_grad(batch.patches), _grad(patches), batch.cu_seqlens)
+        figure = 2 * segment_relative(grad_or_zeros(batch.patches), grad_or_zeros(patches), batch.cu_seqlens)
         figure = _own_only(figure, share.own_rows(figure.device))
     own = [torch.zeros_like(p) if o is None else o for o, p in zip(own, params)]
     own_figure = 2 * relative(own_grads, own) if own_grads is not None else 0.0
@@ -513,10 +514,6 @@ def max_abs(actual: torch.Tensor, expected: torch.Tensor) -> float:
 def _rows(t: torch.Tensor) -> torch.Tensor:
     t = t.detach().double()
     return t.reshape(t.shape[0], math.prod(t.shape[1:])) if t.dim() > 1 else t.reshape(-1, 1)
-
-
-def _grad(t: torch.Tensor) -> torch.Tensor:
-    return t.grad if t.grad is not None else torch.zeros_like(t)
 
 
 def _segments(cu_seqlens, device) -> tuple[torch.Tensor, torch.Tensor]:

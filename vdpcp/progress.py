@@ -28,6 +28,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from vdpcp.usage import number
+
 REASON_WIDTH = 300  # a traceback's first line, an xfail's reason: enough to act on, one log line
 
 
@@ -145,8 +147,6 @@ class MaxFail:
 
 
 def add_maxfail_options(parser, what: str = "cases that do not pass") -> None:
-    from vdpcp.cli import number
-
     parser.add_argument("--maxfail", type=number(int, 0, note="0: no limit"), default=0, metavar="N",
                         help=f"stop after N {what} (default 0: never)")
     parser.add_argument("-x", "--exitfirst", dest="maxfail", action="store_const", const=1,

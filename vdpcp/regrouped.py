@@ -45,6 +45,8 @@ import torch
 import torch.distributed as dist
 
 from vdpcp import comm, loss, precision
+from vdpcp.grads import grad_or_zeros
+from vdpcp.oracle.execution import Execution
 from vdpcp.protocol import outputs_of
 from vdpcp.spec import Microbatch, MicrobatchSpec
 
@@ -211,11 +213,10 @@ def patch_index(cu: list[int], rows: list[int]) -> torch.Tensor:
     return _spans([(cu[r], cu[r + 1]) for r in rows])
 
 
-def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: bool, watch, pixels: bool = False) -> None:
+def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: bool, pixels: bool = False) -> None:
     """Hold this rank's outputs (and, with ``grads`` and an exact backward, its parameter gradients, and with
     ``pixels`` its input gradients) to the regrouped run of its own media; failures go to ``result.failures``, what
-    was held to ``result.exact``.
-    ``watch``: vdpcp.oracle.Execution, to count the rows the regrouped run's tower takes."""
+    was held to ``result.exact``."""
     encoded, cp_rank = {}, result.cp_rank
     _same_copies(result, out, cp_group)
 
@@ -223,7 +224,7 @@ def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: 
         if not rows:
             return 0  # nothing of its own: no encode (an empty microbatch is a limit of some towers)
         try:
-            with watch(model) as ran:
+            with Execution(model) as ran:  # the rows the regrouped run's tower takes
                 encoded["run"] = _encode(impl, model, batch, rows)
             encoded["rows"] = ran.rows
         except Exception as err:  # said below; the count still goes out, so no rank waits on this one
@@ -271,7 +272,7 @@ def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: 
         if _repeats(want, again):
             if pixels:
                 picked = patch_index([int(c) for c in batch.cu_seqlens], own.rows).to(batch.patches.device)
-                _exact(result, "input grads", whose, _grad(batch.patches)[:, picked], want[0], ulps)
+                _exact(result, "input grads", whose, grad_or_zeros(batch.patches)[:, picked], want[0], ulps)
             _exact_params(result, whose, named, want[len(inputs):], ulps)
             held = f"outputs, {'input and ' if pixels else ''}parameter gradients"
         else:
@@ -348,7 +349,7 @@ def _exact(result, what: str, whose: str, got, expected, ulps: int) -> None:
 def _exact_params(result, whose: str, named, want, ulps: int) -> None:
     """Every parameter's gradient (as one vector within ``ulps``); the first one off is named."""
     params = [p for _, p in named]
-    got = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    got = [grad_or_zeros(p) for p in params]
     want = [w if w is not None else torch.zeros_like(p) for p, w in zip(params, want)]
     if _same(got, want, ulps):
         return
@@ -374,10 +375,6 @@ def _same(got: list, want: list, ulps: int) -> bool:
 
 def _allowed(dtype, ulps: int) -> str:
     return f" (allowed {ulps * torch.finfo(dtype).eps:.2g})" if ulps else " (expected bitwise)"
-
-
-def _grad(t: torch.Tensor) -> torch.Tensor:
-    return t.grad if t.grad is not None else torch.zeros_like(t)
 
 
 def _rows(rows: list[int]) -> str:

@@ -19,9 +19,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from vdpcp.cli import UsageError
 from vdpcp.progress import write_atomically
 from vdpcp.spec import spec_record
+from vdpcp.usage import UsageError
 
 STYLES = {"pass": "green", "replicated": "green", "xfail": "yellow", "killed": "green", "n/a": "yellow",
           "fail": "bold red", "error": "bold red", "xpass": "bold red", "survived": "bold red",

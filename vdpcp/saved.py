@@ -15,6 +15,7 @@ must agree: a file that disagrees with itself is rejected, naming the file and b
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from vdpcp.spec import MicrobatchSpec, SpecError, read_json
 CASE_TYPES = {"cp": int, "dp": int, "tp": int, "config_cp": int, "impl": str, "split": str, "loss": str, "dtype": str,
               "mutant": str, "tower": str, "even_pad": bool, "vision_dp_over_cp": bool, "grads": bool}
 _DEFAULTS = {f.name: f.default for f in fields(Case) if f.name not in ("spec", "cp")}
+_CP_TAG = re.compile(r"(?:^|-)cp(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,6 @@ def load(path: str | Path) -> Saved:
 
 def _tags(path: Path, spec: MicrobatchSpec) -> dict[str, int]:
     """The CP sizes a file's name and its spec's name carry as ``-cp<N>`` tags, each said as where it is."""
-    from vdpcp.capture import cp_from_name
-
     found = {"the file name": cp_from_name(path.stem), "field 'name'": cp_from_name(spec.name)}
     return {f"{where} (tag -cp{cp})": cp for where, cp in found.items() if cp is not None}
 
@@ -94,3 +94,14 @@ def save(path: str | Path, case: Case, signature: str | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in data.items()) + "\n}\n")
     return path
+
+
+def name_with_cp(name: str, cp: int) -> str:
+    """``name`` tagged with the CP size (replacing an existing tag): "step18412" -> "step18412-cp4"."""
+    return f"{_CP_TAG.sub('', name) or 'microbatch'}-cp{cp}"
+
+
+def cp_from_name(name: str) -> int | None:
+    """The CP size a spec was captured or found at, from its name's trailing ``-cp<N>`` tag; None without one."""
+    match = _CP_TAG.search(name)
+    return int(match.group(1)) if match else None

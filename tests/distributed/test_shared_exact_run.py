@@ -13,6 +13,7 @@ import torch
 from vdpcp import loss, oracle, precision, sketch
 from vdpcp.case import Case
 from vdpcp.impls import resolve
+from vdpcp.oracle import arms, weights
 from vdpcp.protocol import Ownership, outputs_of
 from vdpcp.scenarios import SCENARIOS, matrix
 
@@ -147,7 +148,7 @@ def _shared_by_oracle(ctx, case, turns: bool):
 
     from vdpcp import comm, runner
 
-    seen, inside, saved = [], [], (oracle.precision.measure, oracle._turns, comm.all_reduce_sums)
+    seen, inside, saved = [], [], (precision.measure, arms._turns, comm.all_reduce_sums)
 
     def watched(*args, share=None, **kwargs):
         seen.append(share is not None)
@@ -165,13 +166,13 @@ def _shared_by_oracle(ctx, case, turns: bool):
             inside.append("a collective inside the turn")
         return saved[2](*args, **kwargs)
 
-    oracle.precision.measure, comm.all_reduce_sums = watched, sums
+    precision.measure, comm.all_reduce_sums = watched, sums
     if turns:
-        oracle._turns = taking_turns
+        arms._turns = taking_turns
     try:
         verdict = runner.rank_body(ctx, case)
     finally:  # a warm worker runs the next case with the real ones
-        oracle.precision.measure, oracle._turns, comm.all_reduce_sums = saved
+        precision.measure, arms._turns, comm.all_reduce_sums = saved
     return seen, inside, verdict.failures
 
 
@@ -236,7 +237,7 @@ def _dealt(ctx, impl):
     out = outputs_of(resolve("automodel").encode(model, resolve("automodel").inputs(spec.tensors(dtype=torch.bfloat16))),
                      "automodel.encode")
     try:
-        deal = oracle._deal(impl, spec, out, None)
+        deal = weights._deal(impl, spec, out, None)
     except ValueError as err:
         return str(err)
     rows = [i for i, hit in enumerate(deal.own_tokens(ctx.rank)) if hit]

@@ -1,4 +1,4 @@
-"""The oracle's sketched sum of parameter gradients over real gloo ranks (vdpcp.oracle._check_sketched_param_grads):
+"""The oracle's sketched sum of parameter gradients over real gloo ranks (vdpcp.oracle.gradients._check_sketched_param_grads):
 the ranks' count sketches sum to the sketch of their gradients' sum, so a correct sum passes on every rank and one
 off fails on every rank. The toy towers sum their gradients as they are, so this is where the CPU suite runs the
 sketch across processes; the real-size towers take it on the GPU (reports/gpu/README.md)."""
@@ -9,8 +9,9 @@ import re
 import pytest
 import torch
 
-from vdpcp import oracle, sketch
+from vdpcp import sketch
 from vdpcp.case import RankResult
+from vdpcp.oracle import gradients
 
 
 def _grads(rank: int):
@@ -30,7 +31,7 @@ def sketched_sum(ctx, off: float):
     try:
         result = RankResult(ctx.rank)
         extra = torch.full((2,), float(ctx.rank + 1), dtype=torch.bfloat16)
-        (summed,) = oracle._check_param_grads(result, model, expected, None, [extra], torch.bfloat16, 0.0)
+        (summed,) = gradients._check_param_grads(result, model, expected, None, [extra], torch.bfloat16, 0.0)
     finally:
         sketch.WIDTH = width
     return result.failures, summed.tolist(), result.param_grad_err != result.param_grad_err

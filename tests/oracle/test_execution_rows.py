@@ -19,6 +19,7 @@ from vdpcp import comm, oracle
 from vdpcp.case import RankResult
 from vdpcp.harness import run_ranks
 from vdpcp.impls import Ownership
+from vdpcp.oracle import execution, gradients, split
 from vdpcp.spec import MicrobatchSpec
 
 HIDDEN = 6
@@ -68,8 +69,8 @@ def test_a_skipped_tower_lists_three_of_its_layers_and_parameters():
     reference_ran, ran = oracle.Execution(reference), oracle.Execution(model)
     reference(torch.ones(1, 2)).sum().backward()  # every layer ran, every parameter has a gradient
     result = RankResult(rank=3, cp_rank=1)
-    oracle._check_layers_ran(result, reference_ran.ran(), ran)
-    oracle._check_param_grads_exist(result, [p.grad for p in reference.parameters()], model, reference_ran.ran(),
+    execution._check_layers_ran(result, reference_ran.ran(), ran)
+    execution._check_param_grads_exist(result, [p.grad for p in reference.parameters()], model, reference_ran.ran(),
                                     ran.names)
     skipped, missing = result.failures
     assert skipped == ("execution: rank 3 (CP rank 1) read no row and ran no layer of its tower (no plan says what it "
@@ -84,7 +85,7 @@ def test_a_rank_that_ran_no_layer_is_told_what_it_read_and_what_its_plan_gave_it
     result.read = []
     with oracle.Execution(Tower()) as ran:
         pass
-    oracle._check_layers_ran(result, {"block.0"}, ran, plan)
+    execution._check_layers_ran(result, {"block.0"}, ran, plan)
     assert result.failures == [f"execution: rank 1 (CP rank 1) read no row and ran no layer of its tower (its plan gives "
                                f"it {given}; layers never run: block.0); every rank must run its tower, placeholders "
                                f"included"]
@@ -97,8 +98,8 @@ def ownership_on_every_rank(ctx):
     grad = torch.ones_like(batch.patches)
     read = torch.ones(ctx.world_size, 6, dtype=torch.bool)
     result = RankResult(ctx.rank, cp_rank=ctx.rank)
-    holders = comm.all_reduce_sum(oracle._holding(batch, grad, ctx.world_size, ctx.rank), ctx.group)
-    oracle._check_ownership(result, batch, grad, grad, None, read, holders, 0.0)
+    holders = comm.all_reduce_sum(gradients._holding(batch, grad, ctx.world_size, ctx.rank), ctx.group)
+    gradients._check_ownership(result, batch, grad, grad, None, read, holders, 0.0)
     return result.failures
 
 
@@ -112,8 +113,8 @@ def test_the_ownership_table_is_said_once_by_cp_rank_0_and_lists_four_rows():
 
 
 def test_a_long_list_in_a_message_names_four_and_counts_the_rest():
-    assert oracle._few([str(i) for i in range(6)]) == "0; 1; 2; 3 (and 2 more)"
-    assert oracle._few(["a", "b", "c", "d"]) == "a; b; c; d"
+    assert split._few([str(i) for i in range(6)]) == "0; 1; 2; 3 (and 2 more)"
+    assert split._few(["a", "b", "c", "d"]) == "a; b; c; d"
 
 
 @pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
@@ -141,7 +142,7 @@ def _ownership_of(rows: int) -> str:
     grad = torch.ones_like(batch.patches)
     both = torch.ones(2, rows)
     result = RankResult(0, cp_rank=0)
-    oracle._check_ownership(result, batch, grad, grad, None, both.bool(), both, 0.0)
+    gradients._check_ownership(result, batch, grad, grad, None, both.bool(), both, 0.0)
     (said,) = result.failures
     return said
 
@@ -156,8 +157,8 @@ def test_a_plan_that_lists_placeholders_for_fewer_ranks_gives_the_others_none():
     plan = Ownership(owner=(0, 0), tokens=(4, 4), placeholders=(1,))
     spec = MicrobatchSpec(images=((8, 8), (8, 8)), name="two")
     first, second = RankResult(0, cp_rank=0), RankResult(1, cp_rank=1)
-    oracle._describe(first, spec, plan, 0)
-    oracle._describe(second, spec, plan, 1)
+    split._describe(first, spec, plan, 0)
+    split._describe(second, spec, plan, 1)
     assert (first.images, first.placeholders) == (2, 1) and (second.images, second.placeholders) == (0, 0)
 
 
@@ -166,7 +167,7 @@ def _ownership(cp_rank, holders, read, grad, ref_grad):
     batch = MicrobatchSpec(images=((4, 4),) * 3, name="three").tensors()
     result = RankResult(cp_rank, cp_rank=cp_rank)
     grad, ref_grad = grad(batch.patches), ref_grad(batch.patches)
-    oracle._check_ownership(result, batch, grad, ref_grad, None, torch.tensor(read), torch.tensor(holders, dtype=torch.float64), 0.0)
+    gradients._check_ownership(result, batch, grad, ref_grad, None, torch.tensor(read), torch.tensor(holders, dtype=torch.float64), 0.0)
     return result.failures
 
 
@@ -212,7 +213,7 @@ def test_every_layer_every_real_share_took_is_required_on_a_placeholder_rank():
                                  "head": torch.nn.Linear(2, 2)})
     with oracle.Execution(tower) as seen:
         tower["embed"](torch.ones(1, 2))
-    oracle._check_layers_ran(result, _required(ran, 2), seen)
+    execution._check_layers_ran(result, _required(ran, 2), seen)
     assert result.failures == ["execution: rank 2 (CP rank 2) skipped 2 layer(s) that every rank holding real rows "
                                "ran (block, head); a rank must run its whole tower, placeholders included"]
 
@@ -233,8 +234,8 @@ def test_a_parameter_of_a_layer_not_required_here_may_have_no_gradient():
     tower["embed"](torch.ones(1, 2)).sum().backward()
     reference_grads = [torch.ones_like(p) for p in tower.parameters()]  # unsharded, both embedders ran
     result = RankResult(rank=0, cp_rank=0)
-    oracle._check_param_grads_exist(result, reference_grads, tower, {"embed"}, ["embed", "video"])
+    execution._check_param_grads_exist(result, reference_grads, tower, {"embed"}, ["embed", "video"])
     assert result.failures == []
-    oracle._check_param_grads_exist(result, reference_grads, tower, {"embed", "video"}, ["embed", "video"])
+    execution._check_param_grads_exist(result, reference_grads, tower, {"embed", "video"}, ["embed", "video"])
     assert result.failures == ["execution: rank 0 (CP rank 0) has no gradient for 2 parameter(s) the unsharded run "
                                "gives one (video.weight, video.bias)"]

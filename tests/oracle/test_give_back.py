@@ -15,6 +15,7 @@ import torch
 from vdpcp import oracle
 from vdpcp.case import Case
 from vdpcp.impls.reference import Reference
+from vdpcp.oracle import arms
 from vdpcp.scenarios import SCENARIOS
 
 SPEC = next(s.spec for s in SCENARIOS if s.spec.name == "three-images")
@@ -49,7 +50,7 @@ def test_a_rank_sharing_its_gpu_hands_its_cached_memory_back_inside_its_turn(mon
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: handed_back.append(_held(lock)))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=GPU))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(oracle.budget, "need", lambda case, device: SimpleNamespace(colocated=lambda turns: 2 * GPU))
+    monkeypatch.setattr(arms.budget, "need", lambda case, device: SimpleNamespace(colocated=lambda turns: 2 * GPU))
     ctx = SimpleNamespace(rank=0, backend="gloo", device=cpu, shares_device=True)
     groups = SimpleNamespace(cp_rank=0, dp_rank=0, tp_rank=0, cp=None)
     result = oracle.check(ctx, Case(SPEC, 1, "uncached-reference", grads=False), Uncached(), groups)

@@ -1,4 +1,4 @@
-"""How the oracle compares parameter gradients (vdpcp.oracle._check_param_grads): summed over the CP group in buckets
+"""How the oracle compares parameter gradients (vdpcp.oracle.gradients._check_param_grads): summed over the CP group in buckets
 of at most precision.BUCKET elements (a larger parameter alone), in float64 element by element, the first parameter
 off named once, not every one after it; below float64, a tower with more parameters than vdpcp.sketch.WIDTH as the
 sum of the ranks' count sketches."""
@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
-from vdpcp import oracle, precision, sketch
+from vdpcp import precision, sketch
 from vdpcp.case import RankResult
+from vdpcp.oracle import gradients
 
 
 @pytest.mark.parametrize("width", [sketch.WIDTH, 16])  # float64 sums the gradients themselves at any size
@@ -22,7 +23,7 @@ def test_float64_parameter_gradients_off_name_the_first_parameter_off_once(monke
     expected[2] += 1.0
     result = RankResult(0)
     extra = torch.ones(2, dtype=torch.float64)
-    (summed,) = oracle._check_param_grads(result, model, expected, None, [extra], torch.float64, 0.0)
+    (summed,) = gradients._check_param_grads(result, model, expected, None, [extra], torch.float64, 0.0)
     assert torch.equal(summed, extra)
     (said,) = result.failures
     assert said.startswith("param grads (summed over ranks): 0.bias: Tensor-likes are not close!"), said
@@ -32,8 +33,8 @@ def test_float64_parameter_gradients_off_name_the_first_parameter_off_once(monke
 def test_parameters_go_in_runs_of_at_most_a_bucket_and_a_larger_one_alone():
     bucket = precision.BUCKET
     params = [torch.empty(1).expand(n) for n in (bucket // 2, bucket // 2, 1, 2 * bucket, 3)]  # sizes, no memory
-    assert oracle._buckets(params) == [[0, 1], [2], [3], [4]]
-    assert oracle._buckets([]) == []
+    assert gradients._buckets(params) == [[0, 1], [2], [3], [4]]
+    assert gradients._buckets([]) == []
 
 
 def _bf16_grads():
@@ -54,7 +55,7 @@ def test_a_tower_larger_than_the_sketch_is_summed_as_a_sketch_held_to_the_same_b
     true = precision.relative(grads, expected) / precision.RTOL[torch.bfloat16]  # what an exact sum would measure
     result = RankResult(0)
     extra = torch.ones(3, dtype=torch.bfloat16)
-    (summed,) = oracle._check_param_grads(result, model, expected, None, [extra], torch.bfloat16, 0.0)
+    (summed,) = gradients._check_param_grads(result, model, expected, None, [extra], torch.bfloat16, 0.0)
     assert torch.equal(summed, extra) and math.isnan(result.param_grad_err)  # no element-wise figure: not measured
     assert abs(true - off) < 0.1
     if off <= 1:
@@ -69,5 +70,5 @@ def test_a_tower_no_larger_than_the_sketch_sums_its_gradients_as_they_are(monkey
     monkeypatch.setattr(sketch, "WIDTH", 1681)
     model, grads = _bf16_grads()
     result = RankResult(0)
-    oracle._check_param_grads(result, model, grads, None, [], torch.bfloat16, 0.0)
+    gradients._check_param_grads(result, model, grads, None, [], torch.bfloat16, 0.0)
     assert result.failures == [] and result.param_grad_err == 0.0  # measured element by element: none off

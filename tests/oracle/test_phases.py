@@ -9,6 +9,7 @@ import torch
 
 from vdpcp import oracle
 from vdpcp.case import Case, RankResult
+from vdpcp.oracle import arms, telemetry
 from vdpcp.spec import MicrobatchSpec
 
 CASE = Case(MicrobatchSpec(images=((8, 8),) * 3, name="three"), 2)
@@ -19,11 +20,11 @@ GPU = 10 * 2**30
 def shared_gpu(monkeypatch):
     """A GPU of GPU bytes that every rank of the case shares, and a case whose ranks together need ``need`` bytes."""
     need = {"bytes": 0}  # two ranks: one at a time is the only turn there is, so no other estimate is asked for
-    monkeypatch.setattr(oracle.budget, "need", lambda case, device: SimpleNamespace(
+    monkeypatch.setattr(arms.budget, "need", lambda case, device: SimpleNamespace(
         colocated=lambda turns: need["bytes"] if turns is False else pytest.fail("asked for the estimate with turns")))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=GPU))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(oracle, "turn", lambda device, slot: ("turn", device, slot))
+    monkeypatch.setattr(arms, "turn", lambda device, slot: ("turn", device, slot))
     return need
 
 
@@ -31,7 +32,7 @@ def shared_gpu(monkeypatch):
 def test_ranks_sharing_a_gpu_take_turns_only_when_all_at_once_needs_over_four_fifths_of_it(shared_gpu, share, turns):
     shared_gpu["bytes"] = share * GPU
     result = RankResult(0)
-    pacing = oracle._turns(SimpleNamespace(shares_device=True, device="cuda:0", rank=1), CASE, result)
+    pacing = arms._turns(SimpleNamespace(shares_device=True, device="cuda:0", rank=1), CASE, result)
     assert result.turns is turns
     assert (pacing == ("turn", "cuda:0", 0)) is turns, pacing
 
@@ -41,12 +42,12 @@ def test_ranks_sharing_a_gpu_take_their_turns_as_many_at_once_as_fit_each_in_its
     """Eight ranks (CP 4 x DP 2 on one H200 in bf16: the real towers fit seven at once, not eight), each resident
     with a tenth of the GPU's four fifths and a turn of a twentieth: as many turns at once as fit."""
     case = CASE.with_(cp=4, dp=2)
-    monkeypatch.setattr(oracle.budget, "need", lambda case, device: SimpleNamespace(
+    monkeypatch.setattr(arms.budget, "need", lambda case, device: SimpleNamespace(
         colocated=lambda turns: GPU if turns is False else 8 * 0.04 * GPU + turns * 0.47 / fits * GPU))
     got = []
     for rank in range(8):
         result = RankResult(rank)
-        got.append(oracle._turns(SimpleNamespace(shares_device=True, device="cuda:0", rank=rank), case, result))
+        got.append(arms._turns(SimpleNamespace(shares_device=True, device="cuda:0", rank=rank), case, result))
         assert result.turns
     assert got == [("turn", "cuda:0", slot) for slot in slots]
 
@@ -55,7 +56,7 @@ def test_ranks_sharing_a_gpu_take_their_turns_as_many_at_once_as_fit_each_in_its
 
 def test_each_phase_is_timed_from_the_last_to_a_tenth_of_a_millisecond(monkeypatch):
     ticks = iter([100.0, 101.23456, 101.5])
-    monkeypatch.setattr(oracle.time, "perf_counter", lambda: next(ticks))
+    monkeypatch.setattr(telemetry.time, "perf_counter", lambda: next(ticks))
     result = RankResult(0)
     clock = oracle.Clock(result)
     clock.lap("build")
@@ -67,7 +68,7 @@ def test_each_phase_is_timed_from_the_last_to_a_tenth_of_a_millisecond(monkeypat
 def test_on_cuda_each_lap_waits_for_the_device_before_it_reads_the_time(monkeypatch, device, waits):
     events = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda d: events.append(("sync", d)))
-    monkeypatch.setattr(oracle.time, "perf_counter", lambda: events.append("time") or float(len(events)))
+    monkeypatch.setattr(telemetry.time, "perf_counter", lambda: events.append("time") or float(len(events)))
     clock = oracle.Clock(RankResult(0), device)
     clock.lap("unsharded")
     assert events == ([("sync", device), "time"] * 2 if waits else ["time"] * 2)
@@ -92,9 +93,9 @@ def test_only_a_rank_sharing_its_gpu_gives_its_cached_memory_back_and_waits_its_
                                                                                      gives_back):
     given = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: given.append(1))
-    oracle._give_back(ctx)
+    arms._give_back(ctx)
     assert given == ([1] if gives_back else [])
     shared_gpu["bytes"] = 100 * GPU
     result = RankResult(0)
-    oracle._turns(ctx, CASE, result)
+    arms._turns(ctx, CASE, result)
     assert result.turns is gives_back

@@ -9,8 +9,8 @@ microbatch through its tower under no_grad read every row: not sharded. What the
 import pytest
 import torch
 
-from vdpcp import oracle
 from vdpcp.case import Case, RankResult
+from vdpcp.oracle import arms
 from vdpcp.runner import run_judged
 from vdpcp.scenarios import SCENARIOS, matrix
 
@@ -64,7 +64,7 @@ def test_encoding_the_whole_microbatch_under_no_grad_beside_its_share_reads_ever
 def _graphless(out: dict, read: list[int]) -> list[str]:
     result = RankResult(rank=1, cp_rank=1)
     result.read = read
-    oracle._graphless(result, out, {name: True for name in out}, None)
+    arms._graphless(result, out, {name: True for name in out}, None)
     return result.failures
 
 

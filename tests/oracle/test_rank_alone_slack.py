@@ -12,6 +12,7 @@ import torch
 from vdpcp import oracle
 from vdpcp.case import Case, RankResult
 from vdpcp.impls.reference import Reference
+from vdpcp.oracle import arms, unsharded
 from vdpcp.scenarios import SCENARIOS
 
 SPEC = next(s.spec for s in SCENARIOS if s.spec.name == "three-images")
@@ -34,10 +35,10 @@ def _rank_alone(params_slack: float, own_slack: float) -> list[str]:
     model = impl.build_model(case, torch.bfloat16, cpu)
     result = RankResult(0)
     clock = oracle.Clock(result)
-    ref = oracle._unsharded(impl, case, model, SPEC, result, 0, cpu, clock)
+    ref = unsharded._unsharded(impl, case, model, SPEC, result, 0, cpu, clock)
     ref = replace(ref, sharded=True, own_grads=[g * (1 + OFF) for g in ref.own_grads],
                   rounding=replace(ref.rounding, params=params_slack, own_params=own_slack))
-    oracle._sharded(impl, case, model, ref, result, SimpleNamespace(cp_rank=0, dp_rank=0, tp_rank=0, cp=None), clock)
+    arms._sharded(impl, case, model, ref, result, SimpleNamespace(cp_rank=0, dp_rank=0, tp_rank=0, cp=None), clock)
     assert not [f for f in result.failures if "summed over ranks" in f], result.failures  # the sum is exact
     return [f for f in result.failures if f.startswith("param grads (this rank alone)")]
 

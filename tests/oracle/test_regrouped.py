@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from tests.oracle import subjects
-from vdpcp import loss, oracle, regrouped
+from vdpcp import loss, oracle, precision, regrouped
 from vdpcp.case import Case, RankResult
 from vdpcp.impls import resolve
+from vdpcp.oracle import unsharded
 from vdpcp.runner import run_case
 from vdpcp.scenarios import matrix
 from vdpcp.spec import MicrobatchSpec
@@ -102,12 +103,12 @@ def test_an_op_with_no_deterministic_kernel_reruns_the_unsharded_arm_under_warn_
     result = RankResult(0)
     with regrouped.deterministic(cpu, result, model):
         assert _flags() == (True, False)
-        ref = oracle._unsharded(impl, case, model, spec, result, 0, cpu, oracle.Clock(result))
+        ref = unsharded._unsharded(impl, case, model, spec, result, 0, cpu, oracle.Clock(result))
         assert _flags() == (True, True)
     assert _flags() == before
     assert ref is not None and result.unsharded_error is None, result.unsharded_error
     assert result.deterministic == "on, but put_ has none" and not regrouped.exact_grads(result)
-    plain = oracle._unsharded(impl, case, model, spec, RankResult(0), 0, cpu, oracle.Clock(RankResult(0)))
+    plain = unsharded._unsharded(impl, case, model, spec, RankResult(0), 0, cpu, oracle.Clock(RankResult(0)))
     assert all(torch.equal(a, b) for a, b in zip(ref.grads, plain.grads))  # no gradient left over from the refusal
     later = RankResult(0)
     with regrouped.deterministic(cpu, later, model):
@@ -136,18 +137,18 @@ def test_the_rounding_measurement_runs_outside_deterministic_algorithms_and_the_
     """The exact run that measures rounding is held to nothing bit for bit: it leaves deterministic algorithms off
     (in float32 at the real size they cost attention's fast backward), and the arms after it get them back."""
     monkeypatch.setattr(regrouped, "STRICT", ("cuda", "cpu"))
-    measured, measure = [], oracle.precision.measure
+    measured, measure = [], precision.measure
 
     def watched(*args, **kwargs):
         measured.append(_flags())
         return measure(*args, **kwargs)
 
-    monkeypatch.setattr(oracle.precision, "measure", watched)
+    monkeypatch.setattr(precision, "measure", watched)
     case = _case("eight-equal-cp2-reference-count", dtype="float32")
     impl, cpu = resolve(case.impl), torch.device("cpu")
     model, spec, result = impl.build_model(case, torch.float32, cpu), oracle.replica_spec(case, 0), RankResult(0)
     with regrouped.deterministic(cpu, result, model):
-        ref = oracle._unsharded(impl, case, model, spec, result, 0, cpu, oracle.Clock(result))
+        ref = unsharded._unsharded(impl, case, model, spec, result, 0, cpu, oracle.Clock(result))
         assert _flags() == (True, False)
     assert ref is not None and measured == [(False, False)], measured
     assert result.deterministic == "on"

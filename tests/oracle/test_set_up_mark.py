@@ -4,9 +4,10 @@ borrows its model, and nothing after it. On the H200 at -n 16 that stretch was w
 
 from contextlib import contextmanager
 
-from vdpcp import oracle, runner
+from vdpcp import runner
 from vdpcp.case import Case
 from vdpcp.harness import run_ranks
+from vdpcp.oracle import arms
 from vdpcp.spec import MicrobatchSpec
 
 CASE = Case(MicrobatchSpec(images=((8, 8),) * 3, name="three"), 2)
@@ -15,7 +16,7 @@ CASE = Case(MicrobatchSpec(images=((8, 8),) * 3, name="three"), 2)
 def marked(ctx, case):
     """The case on this rank, with what happened inside and outside the set-up mark recorded in order."""
     events = []
-    saved = oracle.setting_up, oracle.Memory, oracle.Clock, oracle.model_cache.acquire
+    saved = arms.setting_up, arms.Memory, arms.Clock, arms.model_cache.acquire
 
     @contextmanager
     def mark():
@@ -26,12 +27,12 @@ def marked(ctx, case):
     def record(name, real):
         return lambda *args: events.append(name) or real(*args)
 
-    oracle.setting_up, oracle.Memory, oracle.Clock = mark, record("memory", saved[1]), record("clock", saved[2])
-    oracle.model_cache.acquire = record("model", saved[3])
+    arms.setting_up, arms.Memory, arms.Clock = mark, record("memory", saved[1]), record("clock", saved[2])
+    arms.model_cache.acquire = record("model", saved[3])
     try:
         verdict = runner.rank_body(ctx, case)
     finally:  # a warm worker runs the next case with the real ones
-        oracle.setting_up, oracle.Memory, oracle.Clock, oracle.model_cache.acquire = saved
+        arms.setting_up, arms.Memory, arms.Clock, arms.model_cache.acquire = saved
     return events, not verdict.failures
 
 

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from vdpcp import report
 from vdpcp.ab.judge import Judged
+from vdpcp.usage import UsageError
 
 GIB = 2**30
 KIND_MARK = {"placeholders": "p", "remainder": "r", "even": ""}
@@ -95,8 +96,6 @@ def plot(path: Path, judged: Judged) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=100)
     except OSError as err:
-        from vdpcp.cli import UsageError
-
         raise UsageError(f"{path}: cannot write the plot ({err.strerror})") from None
     finally:
         plt.close(fig)

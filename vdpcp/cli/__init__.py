@@ -10,10 +10,11 @@ SIGTERM (Ctrl-C) after the cases it finished (vdpcp.progress).
 import argparse
 import contextlib
 import importlib
-import math
 import os
 import pkgutil
 import sys
+
+from vdpcp.usage import UsageError, number  # a leaf the reports import too; the subcommands import them from here
 
 # Choices the subcommands share, kept literal so `vdpcp --help` need not import torch; tests/unit/test_cli.py
 # holds them equal to vdpcp.case.DTYPES / LOSSES and vdpcp.plan.STRATEGIES. Implementations and their
@@ -25,39 +26,12 @@ LOSSES = ("rank", "zigzag")
 BACKENDS = ("auto", "nccl", "gloo")
 
 
-class UsageError(Exception):
-    """Bad input on the command line or in a spec file: exit code 2, one clear message."""
-
-
 class Parser(argparse.ArgumentParser):
     """argparse's parser, whose every complaint (an option out of its range, an unknown choice, a missing
     argument) is one UsageError line naming the option: exit 2, as any other bad input."""
 
     def error(self, message):
         raise UsageError(f"{self.prog}: {message}")
-
-
-def number(kind=int, low=None, high=None, *, above: bool = False, note: str = ""):
-    """An argparse ``type=`` for a finite ``kind`` (int or float) from ``low`` to ``high``, both included (either
-    may be None: no bound; ``above``: ``low`` itself is out). Whatever is out of range, or not such a number, is
-    refused as the command line is parsed, before anything runs, naming the range (and ``note``: why that range)."""
-    shown = str if kind is int else "{:g}".format
-    bounds = [f"{'>' if above else '>='} {shown(low)}"] if low is not None else []
-    bounds += [f"<= {shown(high)}"] if high is not None else []
-    expected = " ".join(["an integer" if kind is int else "a number", " and ".join(bounds)]).strip()
-
-    def convert(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = math.nan
-        inside = (low is None or (value > low if above else value >= low)) and (high is None or value <= high)
-        if not (math.isfinite(value) and inside):
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}" + (f" ({note})" if note else ""))
-        return value
-
-    convert.expected = expected  # tests/unit/test_options.py finds every numeric option by it
-    return convert
 
 
 RANKS = number(int, 1)  # a CP size, a world size

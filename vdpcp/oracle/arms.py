@@ -1,0 +1,183 @@
+"""``check``: one case on one rank, the two arms in order (the unsharded arm, then the sharded arm held to it on the
+same weights), and the sharded arm's checks in the order they run; every collective a check takes is taken by every
+CP rank alike, so a failing rank never leaves a peer waiting."""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from dataclasses import replace
+
+import torch
+
+from vdpcp import budget, comm, gloo_collectives, load_balance, loss, model_cache, precision, reads, regrouped
+from vdpcp.case import Case, RankResult
+from vdpcp.harness.turns import turn
+from vdpcp.harness.worker import setting_up
+from vdpcp.oracle.execution import Execution, _check_layers_ran, _check_param_grads_exist, ran_by_rank, required_layers
+from vdpcp.oracle.failures import _fail, _fail_into, _label
+from vdpcp.oracle.gradients import _carried, _check_input_grads, _check_param_grads, _check_rank_alone, _check_text, _pixel_extra
+from vdpcp.oracle.split import _contradicts, _describe, _judge_distribution, _read_table
+from vdpcp.oracle.telemetry import Clock, Memory
+from vdpcp.oracle.unsharded import DTYPES, Unsharded, _sum_shared, _unsharded, pixel_grads, replica_spec
+from vdpcp.protocol import outputs_of
+from vdpcp.tensor_parallel import held_part
+
+# Ranks sharing a GPU take turns for the unsharded arm when the case's concurrent estimate is over this share of it.
+TURNS_ABOVE = 0.8
+
+
+def check(ctx, case: Case, impl, groups) -> RankResult:
+    """Run ``case`` on this rank (its CP group in ``groups``) and compare with the unsharded encoder."""
+    dtype, device = DTYPES[case.dtype], ctx.device
+    result = RankResult(ctx.rank, groups.cp_rank, backend=ctx.backend, device=str(device),
+                        precision=precision.in_effect(dtype, device))
+    with setting_up():  # a rank first using its GPU (Memory, Clock) or building its model is behind, not hung
+        clock, memory = Clock(result, device), Memory(device)
+        model, result.model = model_cache.acquire(impl, case.impl, case, dtype, device)
+    clock.lap("build")
+    try:
+        with regrouped.deterministic(device, result, model):
+            with _turns(ctx, case, result):
+                unsharded = _unsharded(impl, case, model, replica_spec(case, groups.dp_rank), result, groups.cp_rank,
+                                       device, clock, group=groups.cp)
+                _give_back(ctx)
+            _sum_shared(unsharded)  # out of the turn: a collective, and a peer may be waiting for its own turn
+            memory.phase("unsharded peak")
+            if unsharded is not None:
+                with gloo_collectives.on_gloo(groups.cp) as swap:  # uneven collectives on gloo, as on NCCL
+                    _sharded(impl, case, model, unsharded, result, groups, clock)
+                result.collectives = gloo_collectives.used(swap)
+                memory.phase("sharded peak")
+    finally:
+        problem = model_cache.release(model)
+        _give_back(ctx)
+    if problem:
+        result.failures.append(problem)
+    result.memory = memory.figures(model, unsharded)
+    return result
+
+
+def _give_back(ctx) -> None:
+    """On a GPU other ranks share, hand the memory this rank's allocator cached back to them: its turn's peak would
+    otherwise stay reserved in this process while the next rank takes its turn."""
+    if getattr(ctx, "shares_device", False):
+        torch.cuda.empty_cache()
+
+
+def _turns(ctx, case: Case, result: RankResult):
+    """On a shared GPU, the unsharded arm a few ranks at a time, where all of them at once would not fit: as many at
+    once as fit (at least one), each rank in a slot of its own, so that the ranks of each slot go in turn."""
+    if not getattr(ctx, "shares_device", False):
+        return nullcontext()
+    need = budget.need(case, device="cuda")
+    limit = TURNS_ABOVE * torch.cuda.get_device_properties(ctx.device).total_memory
+    if need.colocated(turns=False) <= limit:
+        return nullcontext()
+    result.turns = True
+    at_once = max((k for k in range(2, case.world_size) if need.colocated(turns=k) <= limit), default=1)
+    sharing = ctx.rank // max(torch.cuda.device_count(), 1)  # its place among the ranks on its GPU (rank % GPUs)
+    return turn(ctx.device, sharing % at_once)
+
+
+def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups, clock) -> None:
+    """The sharded arm on the same weights, and every check against the unsharded one."""
+    dtype, config, cp_rank = DTYPES[case.dtype], case.config, groups.cp_rank
+    subject = impl.subject_model(model, case, dtype, ref.batch.patches.device)
+    pixels = pixel_grads(impl)
+    batch = replace(ref.batch, patches=ref.batch.patches.detach().clone().requires_grad_(pixels))
+    prompt = ref.loss.prompt()  # before the encode, as a VLM embeds its tokens first (vdpcp.loss: why it matters)
+    with Execution(subject, ref.index) as ran, comm.Collectives(groups.cp) as issued, reads.coded(batch) as coded:
+        out = outputs_of(impl.encode_sharded(subject, impl.inputs(coded), config, groups.cp), f"{impl.name}.encode_sharded")
+    result.encoded = ran.rows
+    if not config.shard_vision and case.cp > 1 and issued.count:  # CP 1 configured, or the opt-out: the no-op
+        result.failures.append(f"execution: rank {result.rank} issued {issued.count} collective(s) on its CP group "
+                               f"where vision_dp_over_cp is off ({_off(config)}): it must be a no-op")
+
+    # What really ran, on every rank: the rows whose patches reached each rank's tower, with or without a graph (a
+    # collective, so every rank takes it and decides alike).
+    read = _read_table(batch.spec, ran, case.cp, cp_rank, groups.cp, batch.patches.device)
+    result.read = [row for row in range(read.shape[1]) if read[cp_rank, row]]
+    replicated_run = case.cp > 1 and bool(read.all()) and read.shape[1] > 0
+    plan = ref.plan
+    if case.cp > 1 and cp_rank == 0:  # said once: every rank sees the same table
+        _judge_distribution(result, read, plan, ref.sharded, replicated_run)
+        if ref.sharded and not replicated_run:  # held to the partition the implementation says it balances
+            _fail_into(result.unbalanced, load_balance.judge(read.tolist(), batch.spec, impl.balance(case)))
+    rank_alone = ref.own_grads is not None
+    if plan is not None and _contradicts(read, plan):
+        plan, rank_alone = None, False  # the plan is not what ran: its per-rank checks would blame gradients
+    _describe(result, batch.spec, plan, cp_rank)
+    owned = config.shard_vision and not replicated_run  # the same on every rank: read is every rank's table
+    may_skip = getattr(impl, "empty_rank_may_skip", False) and not result.read  # a rank with no real rows
+    # What ran is known from the forward alone, so outputs-only cases are held to it too. Where the unsharded encode
+    # ran no layer and returned no graph (a bare empty tensor for an empty microbatch) no rank need run one either.
+    required = None
+    if owned and (ref.ran or any(ref.graph.values())):  # the same on every rank: the exchange is a collective
+        required = required_layers(ref.ran, ran_by_rank(ran, read, cp_rank, groups.cp), read, cp_rank)
+        if not may_skip:
+            _check_layers_ran(result, required, ran, plan)
+
+    if list(out) != list(ref.out):
+        result.failures.append(f"outputs: the sharded encode returned {list(out)}, the unsharded {list(ref.out)}")
+        return
+    for name, expected in ref.out.items():
+        label = _label("outputs", name, ref.out)
+        _fail(result, precision.compare_rows(label, out[name], expected, ref.rounding.outputs.get(name), "token")
+              if precision.low(dtype) else precision.compare(label, out[name], expected))
+        result.out_err = max(result.out_err, precision.max_abs(out[name], expected))
+    if any(out[n].shape != ref.out[n].shape for n in ref.out) or not ref.gradients:
+        if not ref.gradients and ref.sharded and not replicated_run:  # shapes that differ stop every rank alike
+            regrouped.hold(result, impl, subject, batch, out, ref.weights, plan, read, groups.cp, grads=False)
+        return  # every rank gathered the same shapes, so every rank stops here: no collective hangs
+    if _graphless(result, out, ref.graph, groups.cp):
+        return  # decided over the CP group, so every rank stops here alike
+
+    loss.rank_loss(out, ref.loss, prompt, cp_rank).backward()
+    clock.lap("sharded")
+    # The comparisons below hold the gradients within tolerances, not bit for bit: deterministic algorithms off
+    # (on CUDA the count sketch's index_add_ then takes its atomic kernel, not a sorting one).
+    with regrouped.relaxed():
+        held = [held_part(g, p, groups.tp_rank, case.tp) if g is not None else None
+                for p, g in zip(subject.parameters(), ref.grads)]
+        texts = prompt.grads()
+        extra = (_pixel_extra(batch, ref.batch, case.cp, cp_rank, owned) if pixels else []) + list(texts.values())
+        summed = _check_param_grads(result, subject, held, groups.cp, extra, dtype, ref.rounding.params)
+        summed, summed_texts = summed[: len(summed) - len(texts)], summed[len(summed) - len(texts):]
+        _check_text(result, texts, ref.loss.table_grads(cp_rank), ref.loss.tokens, "this rank alone")
+        _check_text(result, dict(zip(texts, summed_texts)), ref.text_grads, ref.loss.tokens, "summed over ranks")
+        pixels = pixels and _carried(result, summed[0])  # the same on every rank: the flags were summed over them
+        if pixels:
+            _check_input_grads(result, batch, ref, plan, read, summed[1:], owned)
+        else:
+            result.input_grad_err = math.nan  # not compared: RankResult.input_grads says why
+            result.input_grads = result.input_grads or "pixels are data (the implementation declares no pixel_grads)"
+        if owned and not may_skip and required is not None:
+            _check_param_grads_exist(result, ref.grads, subject, required, ran.names)
+        if rank_alone and replicated_run == (not ref.sharded):
+            own = [held_part(g, p, groups.tp_rank, case.tp) for p, g in zip(subject.parameters(), ref.own_grads)]
+            _check_rank_alone(result, subject, own, dtype, ref.rounding.own_params)
+    clock.lap("gradients")
+    if owned:
+        regrouped.hold(result, impl, subject, batch, out, ref.weights, plan, read, groups.cp, grads=True, pixels=pixels)
+        clock.lap("regrouped")
+
+
+def _off(config) -> str:
+    return "context_parallel_size=1" if config.context_parallel_size == 1 else "the opt-out"
+
+
+def _graphless(result: RankResult, out: dict[str, torch.Tensor], graph: dict[str, bool], group) -> bool:
+    """Whether any CP rank's sharded outputs lack the autograd graph the unsharded ones have (outputs with rows: an
+    empty one has no gradient to carry, graph or not). This rank says which of its own do, in one line, with what
+    it saw: no gradient can reach any tower through them, so the gradient checks are not run; the outputs and what
+    ran were judged already."""
+    bare = [name for name, t in out.items() if graph[name] and t.numel() and not t.requires_grad]
+    if bare:
+        rows = next(iter(out.values())).shape[0]
+        read = f"its tower read rows {result.read}" if result.read else "its tower read no row"
+        result.failures.append(f"outputs {', '.join(map(repr, bare))} on rank {result.rank} (CP rank {result.cp_rank}) "
+                               f"hold {rows} rows and require no grad, where the unsharded ones carry an autograd graph "
+                               f"({read}): no gradient flows back through them")
+    flag = torch.tensor([float(bool(bare))], dtype=torch.float64, device=next(iter(out.values())).device)
+    return bool(comm.all_reduce_sum(flag, group).item()) if group is not None else bool(bare)

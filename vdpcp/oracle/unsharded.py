@@ -1,0 +1,167 @@
+"""The unsharded arm: the implementation's own unsharded encoder, forward and backward on this rank, its gradients
+set aside and its rounding measured; what it leaves (Unsharded) is what the sharded arm is held to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from vdpcp import loss, precision, reads, regrouped
+from vdpcp.case import Case, RankResult
+from vdpcp.oracle.execution import Execution
+from vdpcp.oracle.weights import _deal, _own_weight, own_media
+from vdpcp.protocol import OutputsError, outputs_of
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+DP_SEED_STRIDE = 7919  # DP replica d encodes the case's microbatch drawn with seed + d * this
+
+
+@dataclass
+class Unsharded:
+    """What the unsharded arm leaves for the sharded one to be held to."""
+
+    batch: object
+    out: dict[str, torch.Tensor]  # detached
+    grads: list[torch.Tensor | None]  # the parameter gradients under the summed loss, set aside from the model
+    own_grads: list[torch.Tensor] | None  # this rank's own share (None: no plan to say which rows are its own)
+    ran: set[str]  # layers that ran
+    index: reads.Index  # its tower-input rows by their bytes, for rows of the sharded arm that carry no code
+    plan: object
+    weights: dict[str, list[torch.Tensor]]
+    sharded: bool
+    rounding: precision.Rounding | precision.Shared  # Shared: this rank's part, until summed after its turn
+    graph: dict[str, bool]  # which outputs had an autograd graph (an encoder may return a bare tensor for no rows)
+    gradients: bool  # whether the arms' gradients are checked (gradients_checked)
+    loss: loss.Loss
+    text_grads: dict[str, torch.Tensor] | None  # the prompt tables' gradients under the summed loss
+
+
+def _sum_shared(unsharded: Unsharded | None) -> None:
+    """A shared exact run's parts summed over the CP group into the Rounding every rank reads (precision.Shared)."""
+    if unsharded is not None and isinstance(unsharded.rounding, precision.Shared):
+        with regrouped.relaxed():  # sums held to nothing bit for bit (on CUDA: index_add_'s atomic kernel)
+            unsharded.rounding = unsharded.rounding.summed()
+
+
+def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, device, clock,
+               group=None) -> Unsharded | None:
+    """The unsharded arm, forward and backward, then its gradients set aside and its rounding measured.
+
+    If the unsharded encoder raises, every rank raises alike before any collective (no rank hangs) and the case
+    is unsharded_error, not a sharding failure. It finishes, backward too, before the sharded run: collectives
+    inside a model (a tensor-parallel tower) then never interleave with the sharded run's. ``group``: the CP group
+    its rounding measurement may be shared out over (precision.Share; None: this rank measures it whole); then its
+    ``rounding`` is this rank's part, which _sum_shared sums."""
+    batch = spec.tensors(dtype=DTYPES[case.dtype], device=device)
+    batch.patches.requires_grad_(pixel_grads(impl))
+    refused, index = None, reads.Index()
+    with Execution(model, index, learn=True) as ran, reads.coded(batch) as coded:
+        try:
+            out = outputs_of(impl.encode(model, impl.inputs(coded)), f"{impl.name}.encode")
+        except OutputsError:
+            raise
+        except Exception as err:
+            refused = err
+    if refused is not None:
+        if regrouped.lacking(model, refused, result):  # an op with no deterministic kernel: again, allowed
+            return _unsharded(impl, case, model, spec, result, cp_rank, device, clock, group)
+        result.unsharded_error = f"{type(refused).__name__}: {refused}"
+        return None
+    try:
+        return _unsharded_rest(impl, case, model, spec, result, cp_rank, device, clock, batch, out, ran, group)
+    except RuntimeError as err:  # its backward (or its measuring run) ran an op with no deterministic kernel
+        if not regrouped.lacking(model, err, result):
+            raise
+        for p in model.parameters():
+            p.grad = None
+        return _unsharded(impl, case, model, spec, result, cp_rank, device, clock, group)
+
+
+def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: int, device, clock, batch, out,
+                    ran, group) -> Unsharded:
+    """The unsharded arm after its forward: the backward, its gradients set aside, its rounding measured."""
+    dtype, config = DTYPES[case.dtype], case.config
+    graph = {name: t.requires_grad for name, t in out.items()}
+    gradients = gradients_checked(impl, case, out, result)
+    if not gradients:  # no backward: let its graph (every activation of the arm) go now
+        out = {name: t.detach() for name, t in out.items()}
+    # What the case expects: sharded, or encoded whole on every rank (CP=1, the opt-out, or the implementation's
+    # own fallback policy below some size).
+    result.replicated = impl.replicated(spec, config) if config.shard_vision else None
+    sharded = config.shard_vision and result.replicated is None
+    plan = impl.plan(spec, config) if sharded else None
+    case_loss = loss.case_loss(case, spec, {name: t.shape for name, t in out.items()}, dtype, device)
+    weights = case_loss.weights
+    summed = {name: sum(w) for name, w in weights.items()}
+    own_weights, own_grads, text_grads = None, None, None
+    if gradients:
+        own_weights = {name: _own_weight(plan, sharded, w, cp_rank, device) for name, w in weights.items()}
+        if all(w is not None for w in own_weights.values()):
+            own_grads = _param_grads(model, loss.features_loss(out, own_weights))
+        prompt = case_loss.prompt()
+        loss.merged_loss(out, prompt, case_loss.stream_weights()).backward()
+        text_grads = prompt.grads()
+    params = list(model.parameters())
+    grads = [p.grad for p in params]
+    for p in params:
+        p.grad = None  # set aside: the sharded arm's gradients accumulate afresh on the same weights
+    rounding = precision.Rounding()
+    clock.lap("unsharded")
+    if precision.low(dtype):
+        with regrouped.relaxed():
+            kinds = own_media(plan, spec, cp_rank)  # chunks kept to one owner
+            share = _share(plan, kinds, gradients, own_grads, group, cp_rank)
+            split = own_weights if own_grads is not None else None
+            deal = _deal(impl, spec, out, group) if share is None and plan is None and sharded and group else None
+            if deal is not None:  # no plan: vdpcp's own deal of whole media items, for the exact run alone
+                kinds, share = own_media(deal, spec, cp_rank), precision.Share(group, cp_rank, deal)
+                split = {name: _own_weight(deal, True, w, cp_rank, device) for name, w in weights.items()}
+            rounding = precision.measure(impl, model, batch, out, grads, own_grads, summed, split, gradients,
+                                         kinds=kinds, share=share)
+        clock.lap("exact")
+    return Unsharded(batch, {n: t.detach() for n, t in out.items()}, grads, own_grads, ran.ran(), ran.index,
+                     plan, weights, sharded, rounding, graph, gradients, case_loss, text_grads)
+
+
+def _share(plan, kinds, gradients: bool, own_grads, group, cp_rank: int) -> precision.Share | None:
+    """The rounding measurement shared out over the CP group (precision.Share), where the plan says whose every
+    media item is and, with gradients, this rank holds its own share's expectation: every rank of the group decides
+    alike (the same plan, case and group). None: this rank measures it whole."""
+    if group is None or kinds is None or (gradients and own_grads is None):
+        return None
+    return precision.Share(group, cp_rank, plan)
+
+
+def gradients_checked(impl, case: Case, out: dict[str, torch.Tensor], result: RankResult) -> bool:
+    """Whether this case's gradients are checked, and where a case that asks for them does not get them, why
+    (``result.unchecked_grads``): a forward-only implementation has none to check, and unsharded outputs with no
+    autograd graph have none to compare with. Outputs with no rows and no graph (an encoder's bare empty tensor for
+    an empty microbatch) have no gradient at all: nothing is left unchecked, and nothing runs backward."""
+    if not case.grads:
+        return False
+    if getattr(impl, "forward_only", False):
+        result.unchecked_grads = "forward-only implementation (an inference tower: no backward)"
+    elif not any(t.requires_grad for t in out.values()):
+        if not any(t.numel() for t in out.values()):
+            return False
+        result.unchecked_grads = "the unsharded encode's outputs have no autograd graph"
+    return result.unchecked_grads is None
+
+
+def pixel_grads(impl) -> bool:
+    """Whether the implementation declares its path differentiable in its pixels (Implementation.pixel_grads): its
+    pixels are then handed over requiring grad, and their gradients held where its sharded path carries them."""
+    return bool(getattr(impl, "pixel_grads", False))
+
+
+def replica_spec(case: Case, dp_rank: int):
+    """The microbatch DP replica ``dp_rank`` encodes: the case's shapes, its own pixels."""
+    return case.spec if dp_rank == 0 else replace(case.spec, seed=(case.spec.seed + DP_SEED_STRIDE * dp_rank) % 2**64)
+
+
+def _param_grads(model, of: torch.Tensor) -> list[torch.Tensor]:
+    """d of / d params, one per parameter, leaving the graph for the full backward."""
+    params = list(model.parameters())
+    grads = torch.autograd.grad(of, params, retain_graph=True, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
