@@ -214,6 +214,8 @@ class OmniVision(nn.Module):
     def _encode_images(self, images, imgs_sizes, packed_seq_params, num_frames) -> torch.Tensor:
         """Packed patches [1, N, 3*P*P] of every row -> projected features [tokens, lm_hidden], images in order.
         Called only with media, as Bridge's forward calls it (vdpcp.impls.bridge)."""
+        # a loader's pixels arrive in float32 whatever the tower's dtype: cast to the tower's, as Bridge's encode does
+        images = images.to(dtype=next(self.vision_model.parameters()).dtype)
         shard, padded_ranks = self.vision_dp_over_cp, 0
         if shard:
             images, imgs_sizes, packed_seq_params, num_frames, padded_ranks = self._split(
@@ -288,6 +290,7 @@ def _count(cp: int):
 class NemotronOmni(BridgeEncoder):
     name = "nemotron-omni"
     splits = ("count",)
+    loader_pixels = "device"  # Bridge's data step moves each batch to the device; _encode_images casts
     pixel_grads = True  # MCore's split inside Omni's encoder slices the pixels differentiably
     towers = {size: media_axes(dims) for size, dims in SIZES.items()}
     media = towers["toy"]
