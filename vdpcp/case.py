@@ -13,6 +13,9 @@ from vdpcp.spec import MicrobatchSpec
 
 LOSSES = ("rank", "zigzag")
 DTYPES = ("float64", "float32", "bfloat16")
+# How a case's pixels reach the implementation (vdpcp.pixels): in its tower's dtype on its device, or as a data loader
+# hands them (float32, on the host), so that the implementation's own cast and move are what runs.
+PIXELS = ("tower", "loader")
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class Case:
     dp: int = 1  # data-parallel replicas around the CP groups, each with its own microbatch
     tp: int = 1  # tensor-parallel ranks inside each CP rank's vision tower (an implementation that has TP)
     tower: str = "toy"  # a size the implementation's tower comes in (its ``towers``): "toy" for CPU CI, "real" as published
+    pixels: str = "tower"  # PIXELS: "loader" hands them float32 on the host, whatever the tower's dtype and device
 
     @property
     def world_size(self) -> int:
@@ -57,6 +61,8 @@ class Case:
             parts.append(f"config-cp{self.config_cp}")
         if self.dtype != "float64":
             parts.append(self.dtype)
+        if self.pixels != "tower":
+            parts.append(self.pixels)
         if not self.even_pad:
             parts.append("no-even-pad")
         if not self.grads:
@@ -101,6 +107,7 @@ class RankResult:
     # Correct, but the work was not distributed where it should be (a rank encoded rows it does not own, the
     # microbatch was encoded more than once): never a pass, and not a wrong result either.
     not_sharded: list[str] = field(default_factory=list)
+    host_copies: int | None = None  # bytes of host pixels it copied to its device (vdpcp.traffic; None: not counted)
     plan_mismatch: list[str] = field(default_factory=list)  # what ran contradicts the implementation's stated plan
     # Correct and distributed, but the busiest rank carries a whole unit more than the best partition under the
     # implementation's own declared objective (vdpcp.load_balance): never a pass, and not a wrong result either.

@@ -105,8 +105,11 @@ class VisionModel(nn.Module):
         if too_large:
             raise ValueError(f"a {too_large[0][0]}x{too_large[0][1]} patch grid is larger than the tower's position "
                              f"table ({kept}x{kept} patches: TowerConfig.positions / max_grid)")
-        embedded = [self.embed(u) + self.pos[:gh, :gw].reshape(gh * gw, -1) for u, (gh, gw) in zip(units, unit_grids)]
-        x = torch.cat(embedded) if embedded else patches.new_zeros(0, self.config.hidden)
+        # The patch embedding takes pixels in its own dtype, as a published tower's does: a loader's float32 pixels
+        # are cast here (vdpcp.pixels), and what comes out is the tower's, whatever went in.
+        embedded = [self.embed(u.to(self.pos.dtype)) + self.pos[:gh, :gw].reshape(gh * gw, -1)
+                    for u, (gh, gw) in zip(units, unit_grids)]
+        x = torch.cat(embedded) if embedded else self.pos.new_zeros(0, self.config.hidden)
         seqlens = [gh * gw for gh, gw in unit_grids]
         for block in self.blocks:
             x = block(x, seqlens)

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from vdpcp import comm, loss, sketch
 from vdpcp.budget import EXACT_CHUNK
 from vdpcp.grads import grad_or_zeros
+from vdpcp.pixels import as_tower_sees
 from vdpcp.protocol import Ownership, outputs_of
 
 # assert_close's default rtol for the dtypes compared as norms; float64 compares element by element.
@@ -179,11 +180,13 @@ def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weig
     if share is not None and (kinds is None or (grads and own_weights is None)):
         raise ValueError("precision.measure: a shared exact run needs the media's kinds and, with gradients, the rank's "
                          "own weights (its share of the summed loss)")
-    hp = EXACT[batch.patches.dtype]
+    tower = next(iter(ref_out.values()))  # the tower's dtype and device, whatever the pixels came in (vdpcp.pixels)
+    hp = EXACT[tower.dtype]
     exact = copy.deepcopy(model).to(hp)  # the same weights; model's gradients were set aside, so none are copied
     params = list(exact.parameters())
     pixels = grads and batch.patches.requires_grad  # pixels are data unless the arms differentiate them
-    patches = batch.patches.detach().to(hp).requires_grad_(pixels)
+    # the values the arms' towers took (a loader's float32 pixels rounded to a bf16 tower's dtype), exactly
+    patches = as_tower_sees(batch.patches.detach(), tower.dtype, tower.device).to(hp).requires_grad_(pixels)
     outputs = {name: torch.zeros(t.shape[0], dtype=torch.float64, device=t.device) for name, t in ref_out.items()}
     own, rest, start = [None] * len(params), [None] * len(params), 0
     failed = None
@@ -214,7 +217,8 @@ def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weig
             return _shared(share, failed, outputs, batch, patches, ref_grads, own_grads, own, params, grads)
         except Exception as err:  # its figures too (a plan whose token counts are not the outputs' rows, say)
             return Shared(share, patches.device, err)
-    input_figure = 2 * segment_relative(grad_or_zeros(batch.patches), grad_or_zeros(patches), batch.cu_seqlens) if pixels else None
+    input_figure = 2 * segment_relative(grad_or_zeros(batch.patches).to(patches.device), grad_or_zeros(patches),
+                                        batch.cu_seqlens) if pixels else None
     if not grads:
         return Rounding(outputs)
     summed = [r if o is None else o if r is None else r.add_(o) for o, r in zip(own, rest)]
@@ -237,7 +241,7 @@ def _shared(share: Share, failed, outputs: dict, batch, patches, ref_grads, own_
     # rows no chunk here reached have no exact gradient: their figure is their owner's
     figure = None
     if patches.requires_grad:
-        figure = 2 * segment_relative(grad_or_zeros(batch.patches), grad_or_zeros(patches), batch.cu_seqlens)
+        figure = 2 * segment_relative(grad_or_zeros(batch.patches).to(device), grad_or_zeros(patches), batch.cu_seqlens)
         figure = _own_only(figure, share.own_rows(figure.device))
     own = [torch.zeros_like(p) if o is None else o for o, p in zip(own, params)]
     own_figure = 2 * relative(own_grads, own) if own_grads is not None else 0.0

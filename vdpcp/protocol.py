@@ -81,6 +81,12 @@ What it declares about itself, so the judge is fair to it (each default is the d
   their gradients too (summed over the ranks, on each row's owner, and in the regrouped run) wherever its sharded
   path carries them. The default: pixels are data, as a data loader yields them, and their gradients are not
   compared; a path that detaches them is never failed for it;
+- ``loader_pixels``: how it takes pixels as a data loader hands them (float32, on the host: the matrix's ``loader``
+  cases, vdpcp.pixels). "device", the default: its framework's data step moves the whole batch to every rank's
+  device before the model (Megatron's does), so the pixels arrive there in float32 and only its cast is its own;
+  "host": it casts them and moves its own share to its device itself, and the bytes each rank copies are counted
+  (vdpcp.traffic: a rank that moves more than its share is not sharded); None: it takes pixels in its tower's
+  dtype only, and its loader cases are left out of the matrix;
 - ``media.even_grids`` (``MediaAxes``): its tower takes even patch grids only;
 - ``balance(case)``: the objective its partition balances (a ``Balance``: each unit's cost from its patch grid,
   by name, "patches" or "attention" p*(p+alpha), or as a function, how many frames of a video make one unit, and
@@ -250,6 +256,7 @@ class Implementation:
     forward_only: bool = False  # an inference tower: gradients are not checked
     empty_rank_may_skip: bool = False  # its tower holds no collective, so a rank with no real rows may skip it
     pixel_grads: bool = False  # its path is differentiable in its pixels: their gradients are held too
+    loader_pixels: str | None = "device"  # a loader's float32 pixels, moved to the device by the framework; it casts
 
     @property
     def towers(self) -> Mapping[str, MediaAxes]:
@@ -356,7 +363,7 @@ PROTOCOL = REQUIRED + ("build_model", "model_key", "subject_model", "inputs", "p
                        "known_limit", "splits",
                        "media", "towers", "scenarios", "preload", "tensor_parallel", "patch_bytes", "param_count",
                        "full_attention", "mismatch_error", "checks_cp1", "forward_only", "empty_rank_may_skip",
-                       "pixel_grads", "balance")
+                       "pixel_grads", "loader_pixels", "balance")
 
 
 class OutputsError(TypeError):

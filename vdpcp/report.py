@@ -210,6 +210,8 @@ def _case_label(case) -> str:
         parts.append(case.loss)
     if not case.grads:
         parts.append("outputs only")
+    if getattr(case, "pixels", "tower") != "tower":
+        parts.append(f"{case.pixels} pixels")
     if not case.vision_dp_over_cp:
         parts.append("opt-out")
     if case.config_cp is not None:

@@ -19,11 +19,11 @@ import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from vdpcp.case import Case
+from vdpcp.case import PIXELS, Case
 from vdpcp.spec import MicrobatchSpec, SpecError, read_json
 
 CASE_TYPES = {"cp": int, "dp": int, "tp": int, "config_cp": int, "impl": str, "split": str, "loss": str, "dtype": str,
-              "mutant": str, "tower": str, "even_pad": bool, "vision_dp_over_cp": bool, "grads": bool}
+              "mutant": str, "tower": str, "pixels": str, "even_pad": bool, "vision_dp_over_cp": bool, "grads": bool}
 _DEFAULTS = {f.name: f.default for f in fields(Case) if f.name not in ("spec", "cp")}
 _CP_TAG = re.compile(r"(?:^|-)cp(\d+)$")
 
@@ -58,6 +58,8 @@ def load(path: str | Path) -> Saved:
         expected = CASE_TYPES[key]
         if value is not None and (not isinstance(value, expected) or (expected is int and isinstance(value, bool))):
             raise SpecError(f"{path}: field 'case.{key}' = {value!r}: expected {expected.__name__}")
+    if case.get("pixels", "tower") not in PIXELS:
+        raise SpecError(f"{path}: field 'case.pixels' = {case['pixels']!r}: expected one of {', '.join(PIXELS)}")
     cp = _one_cp(path, case.get("cp"), _tags(path, spec))
     case = case if cp is None else {**case, "cp": cp}
     signature = expect.get("signature")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from vdpcp.case import LOSSES, Case
 from vdpcp.impls import BUILT_INS, resolve
+from vdpcp.pixels import loader_pixels
 from vdpcp.plan import STRATEGIES
 from vdpcp.protocol import MediaAxes
 from vdpcp.sharded import plan_for
@@ -289,10 +290,10 @@ class LeftOut:
 def confirm_once(cases: list[Case], backend_of) -> tuple[list[Case], list[LeftOut]]:
     """The cases to run, and those left out: a known limit that stops only the backward (KnownLimit.grads_only) on
     a case's backend (``backend_of(case)``) is confirmed by its first case of each implementation, CP size,
-    layout and dtype, a strict xfail that must still fail the known way; its other gradient cases there are left
-    out when their outputs-only case is in ``cases`` (the outputs are what such a case can check on that
-    backend; its gradients run for real where the limit does not apply). Each stopped case would be a fault and
-    fresh rank workers to say the same thing again."""
+    layout, dtype and pixels, a strict xfail that must still fail the known way; its other gradient cases there are
+    left out when their outputs-only case is in ``cases`` (the outputs are what such a case can check on that
+    backend; its gradients run for real where the limit does not apply; a loader twin's is its tower case's). Each
+    stopped case would be a fault and fresh rank workers to say the same thing again."""
     from vdpcp.expectations import known_limit
 
     ids = {case.id for case in cases}
@@ -300,11 +301,12 @@ def confirm_once(cases: list[Case], backend_of) -> tuple[list[Case], list[LeftOu
     for case in cases:
         backend = backend_of(case)
         limit = known_limit(case, backend) if case.grads else None
-        twin = case.with_(loss="rank", grads=False).id  # the same forward: the loss changes only the gradients
+        # the same forward: the loss changes only the gradients (the matrix has no outputs-only loader twin)
+        twin = case.with_(loss="rank", grads=False, pixels="tower").id
         if limit is None or not limit.grads_only or twin not in ids:
             kept.append(case)
             continue
-        key = (case.impl, limit.name, backend, case.cp, case.dp, case.tp, case.dtype, case.mutant)
+        key = (case.impl, limit.name, backend, case.cp, case.dp, case.tp, case.dtype, case.mutant, case.pixels)
         if key not in confirmed:
             confirmed[key] = case.id
             kept.append(case)
@@ -374,8 +376,24 @@ def matrix(cps=CP_SIZES, impls=BUILT_INS, splits=None, losses=LOSSES, table: lis
             if group == cp:
                 out += [c.with_(config_cp=configured, dp=dp) for c in rows(replace(three, cps=(cp,)), cp, losses=("rank",),
                                                                            primary=True) if c.grads]
+    out += [case.with_(pixels="loader") for case in out if _loader_twin(case)]
     order = {impl: i for i, impl in enumerate(impls)}
     return sorted(out, key=lambda case: (case.world_size, order.get(case.impl, 0)) if not toy else case.world_size)
+
+
+def _loader_twin(case: Case) -> bool:
+    """Whether the matrix also runs ``case`` with its pixels as a data loader hands them (vdpcp.pixels): where an
+    implementation's own cast and move meet a rank with placeholders or no image (fewer units than ranks), or mixed
+    sizes. Each implementation's first split, the rank loss, with gradients: what follows the pixels' dtype or
+    device is decided by the forward's shapes, not by the loss or the split."""
+    subject = resolve(case.impl)
+    if loader_pixels(subject) is None or case.pixels != "tower" or not case.grads:
+        return False
+    if (case.cp, case.dp, case.tp, case.loss, case.config_cp) != (case.cp, 1, 1, "rank", None) or case.cp == 1:
+        return False
+    if not case.vision_dp_over_cp or case.mutant or case.split != subject.splits[0]:
+        return False
+    return case.spec.num_tubelets < case.cp or case.spec.name == "mixed-sizes"
 
 
 def family_of(case: Case, table: list[Scenario] | None = None) -> str:

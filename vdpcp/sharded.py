@@ -32,7 +32,12 @@ def plan_for(spec: MicrobatchSpec, config: VisionDPConfig) -> Plan:
 
 
 def encode_unsharded(model: VisionModel, batch: Microbatch) -> torch.Tensor:
-    return model(batch.patches, batch.imgs_sizes, batch.spec.num_frames)
+    return model(to_tower(model, batch.patches), batch.imgs_sizes, batch.spec.num_frames)
+
+
+def to_tower(model: VisionModel, patches: torch.Tensor) -> torch.Tensor:
+    """Patches on the tower's device: a loader's host pixels are moved here, a rank's own share only."""
+    return patches.to(model.pos.device, non_blocking=True)
 
 
 def encode_sharded(model: VisionModel, batch: Microbatch, config: VisionDPConfig, group=None) -> torch.Tensor:
@@ -43,7 +48,7 @@ def encode_sharded(model: VisionModel, batch: Microbatch, config: VisionDPConfig
         return encode_unsharded(model, batch)
     plan = plan_for(batch.spec, config)
     shard = plan.shard(dist.get_rank(group))
-    local = split(batch, shard, plan.order)
+    local = to_tower(model, split(batch, shard, plan.order))  # sliced on the host, so only its share crosses
     projected = model.project(model.encode(local, shard.imgs_sizes, shard.num_frames))
     gathered = gather_features(projected, real_tokens(plan), group)
     index = image_order(plan)

@@ -36,7 +36,8 @@ def test_an_expected_xfail_passes_the_check_and_is_a_skipped_junit_case(tmp_path
     assert code == 0, out
     assert "xfail" in out
     skipped = ET.parse(tmp_path / "r.xml").getroot().findall("testcase/skipped")
-    assert len(skipped) == 1 and "mcore-empty-microbatch" in skipped[0].get("message")
+    # the case and its loader twin (pixels as a data loader hands them) meet the same limit
+    assert len(skipped) == 2 and all("mcore-empty-microbatch" in s.get("message") for s in skipped)
 
 
 def test_an_in_process_check_leaves_the_session_backend_as_it_was(tmp_path, capsys):

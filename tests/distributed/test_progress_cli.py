@@ -29,7 +29,8 @@ def test_off_a_terminal_check_prints_a_line_per_case_with_verdict_seconds_and_wh
     out = capsys.readouterr().out
     lines = _lines(out)
     ids = [line[2] for line in lines]
-    assert ids == ["empty-cp2-reference-count", "empty-cp2-mcore-count"]
+    assert ids == ["empty-cp2-reference-count", "empty-cp2-mcore-count", "empty-cp2-reference-count-loader",
+                   "empty-cp2-mcore-count-loader"]
     assert [int(line[0]) for line in lines] == list(range(1, len(lines) + 1)) and {line[1] for line in lines} == {str(len(lines))}
     by_id = {line[2]: line for line in lines}
     assert by_id["empty-cp2-reference-count"][3:] == ("pass", by_id["empty-cp2-reference-count"][4], "gloo/cpu", None)

@@ -9,7 +9,7 @@ import pytest
 from vdpcp.case import Case
 from vdpcp.cli import main
 from vdpcp.cli.replay import plan_lines
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.spec import MicrobatchSpec, SpecError
 
 pytest_plugins = ["pytester"]
 
@@ -156,6 +156,15 @@ def test_every_case_field_round_trips_through_a_saved_file(tmp_path):
 
     case = Case(MicrobatchSpec(images=((8, 8),), name="x"), 2, impl="mcore", split="count", loss="zigzag",
                 vision_dp_over_cp=False, config_cp=4, dtype="bfloat16", even_pad=False, mutant="grad-averaged",
-                grads=False, dp=2, tp=1, tower="real")
+                grads=False, dp=2, tp=1, tower="real", pixels="loader")
     assert {f.name for f in fields(Case)} - {"spec"} == set(saved.CASE_TYPES)
     assert saved.load(saved.save(tmp_path / "x.json", case, "fail: x")).to_case() == case
+
+
+def test_a_saved_case_whose_pixels_are_neither_the_towers_nor_a_loaders_is_one_clear_error(tmp_path):
+    from vdpcp import saved
+
+    path = tmp_path / "x-cp2.json"
+    path.write_text(json.dumps({"name": "x-cp2", "images": [[8, 8]], "case": {"pixels": "disk"}}))
+    with pytest.raises(SpecError, match=r"field 'case.pixels' = 'disk': expected one of tower, loader$"):
+        saved.load(path)

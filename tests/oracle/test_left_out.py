@@ -25,12 +25,14 @@ def test_on_gloo_each_limit_runs_once_per_cp_size_and_every_case_left_out_keeps_
     kept, left_out = scenarios.confirm_once(matrix, lambda case: "gloo")
     limited = [case for case in matrix if _limited(case, "gloo")]
     confirming = [case for case in kept if _limited(case, "gloo")]
-    assert len(limited) > 40 and sorted(case.cp for case in confirming) == [2, 4, 8]
+    # one per CP size, for pixels in the tower's dtype and for a loader's
+    assert len(limited) > 40 and sorted((case.cp, case.pixels) for case in confirming) == [
+        (cp, pixels) for cp in (2, 4, 8) for pixels in ("loader", "tower")]
     assert {group.confirmed_by for group in left_out} == {case.id for case in confirming}
     gone = {case_id for group in left_out for case_id in group.cases}
     assert gone == {case.id for case in limited} - {case.id for case in confirming}
     ids = {case.id for case in kept}
-    assert all(case.with_(loss="rank", grads=False).id in ids for case in limited)  # the outputs still run
+    assert all(case.with_(loss="rank", grads=False, pixels="tower").id in ids for case in limited)  # outputs still run
     assert [case for case in matrix if case.id not in gone] == kept  # nothing else moves
 
 
@@ -49,10 +51,11 @@ def test_pytest_names_what_the_confirming_case_stands_for():
     params = testing.params(SUBJECT, cps=(4,))
     ids = [p.id for p in params]
     kept, left_out = testing.matrix(SUBJECT, cps=(4,))
-    (group,) = left_out
-    assert group.confirmed_by in ids and not set(group.cases) & set(ids)
-    (confirming,) = [p for p in params if p.id == group.confirmed_by]
-    assert confirming.marks[0].kwargs["reason"].endswith(f"({group.line()})")
+    assert len(left_out) == 2  # the tower's pixels and a loader's, each confirmed once
+    for group in left_out:
+        assert group.confirmed_by in ids and not set(group.cases) & set(ids)
+        (confirming,) = [p for p in params if p.id == group.confirmed_by]
+        assert confirming.marks[0].kwargs["reason"].endswith(f"({group.line()})")
 
 
 def test_check_lists_without_them_and_says_what_it_left_out(tmp_path, capsys):

@@ -102,6 +102,7 @@ class Automodel(Implementation):
     from its released defaults; none changed is Automodel as shipped."""
 
     splits = (SPLIT,)
+    loader_pixels = "device"  # Automodel's recipe moves each batch to the device before the model; its model casts
     pixel_grads = True  # its split slices the pixels it is handed; gradients reach them through the tower
     preload = (MODELING, SHARDING)  # the rank zygote imports them once (it refuses a preload that starts a thread)
 

@@ -72,6 +72,7 @@ def mcore_context_parallel_group(group, name: str):
 class MCore(Implementation):
     name = "mcore"
     splits = ("count",)
+    loader_pixels = "device"  # Megatron's data step moves each batch to the device before the model
     pixel_grads = True  # MCore's split slices the pixels differentiably
     towers = {"toy": MediaAxes(), "real": MediaAxes(patch_dim=REAL_PATCH)}  # vdpcp's tower, as the reference's
     preload = ("megatron.core.parallel_state", "megatron.core.models.multimodal.context_parallel",

@@ -184,7 +184,7 @@ def local_inputs(inputs: TowerInputs, start: int, stop: int) -> TowerInputs:
     if start == stop:
         t, h, w = PLACEHOLDER_GRID
         zeros = inputs.pixel_values.new_zeros(t * h * w, inputs.pixel_values.shape[1])
-        return TowerInputs(zeros, torch.tensor([PLACEHOLDER_GRID], dtype=torch.int64, device=zeros.device))
+        return TowerInputs(zeros, torch.tensor([PLACEHOLDER_GRID], dtype=torch.int64, device=inputs.grid_thw.device))
     offsets = inputs.patch_offsets()
     return TowerInputs(inputs.pixel_values[offsets[start] : offsets[stop]], inputs.grid_thw[start:stop])
 
@@ -228,6 +228,7 @@ class Qwen25VL(Implementation):
     name = "qwen2_5_vl"
     splits = ("count",)
     pixel_grads = True  # its split takes views of the pixels: gradients reach every real patch
+    loader_pixels = "host"  # its split is vdpcp's adapter's: it slices a loader's host pixels, then moves its share
     # Its tubelets are always 2 frames (the Conv3d's depth), whatever a spec's T: videos are drawn at T 1 or 2.
     media = MediaAxes(temporal_patch_sizes=(1, TEMPORAL_PATCH))
     towers = {"toy": media, "real": MediaAxes(patch_dim=REAL_PATCH, temporal_patch_sizes=(1, TEMPORAL_PATCH))}
@@ -257,11 +258,12 @@ class Qwen25VL(Implementation):
         patches = [tower_patches(batch.patches[0, cu[m.first_row] : cu[m.first_row + m.frames]], m, spec.patch_dim)
                    for m in items]
         width = CHANNELS * TEMPORAL_PATCH * spec.patch_dim**2
-        grid_thw = torch.tensor([m.grid_thw for m in items], dtype=torch.int64, device=batch.patches.device)
+        grid_thw = torch.tensor([m.grid_thw for m in items], dtype=torch.int64, device=batch.cu_seqlens.device)
         return TowerInputs(torch.cat(patches) if patches else batch.patches.new_zeros(0, width), grid_thw.reshape(-1, 3))
 
     def encode(self, model, inputs: TowerInputs) -> torch.Tensor:
-        return model(inputs.pixel_values, inputs.grid_thw).pooler_output
+        # a loader's host pixels moved here (transformers' tower casts them itself, not moves them)
+        return model(inputs.pixel_values.to(model.device, non_blocking=True), inputs.grid_thw).pooler_output
 
     def encode_sharded(self, model, inputs: TowerInputs, config, group) -> torch.Tensor:
         if group is not None or config.shard_vision:  # a mismatch raises even where sharding is off

@@ -12,6 +12,7 @@ class Reference(Implementation):
     name = "reference"
     splits = STRATEGIES
     pixel_grads = True  # its shards are views of the pixels (vdpcp.sharded): gradients reach every real patch
+    loader_pixels = "host"  # each rank moves its own shard of a loader's host pixels to its device (vdpcp.sharded)
     tensor_parallel = (2,)  # TP sizes of its tower (vdpcp.tensor_parallel): the matrix runs CP x TP layouts
 
     towers = {"toy": MediaAxes(), "real": MediaAxes(patch_dim=REAL_PATCH)}

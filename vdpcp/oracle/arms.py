@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import torch
 
-from vdpcp import budget, comm, gloo_collectives, load_balance, loss, model_cache, precision, reads, regrouped
+from vdpcp import budget, comm, gloo_collectives, load_balance, loss, model_cache, precision, reads, regrouped, traffic
 from vdpcp.case import Case, RankResult
 from vdpcp.harness.turns import turn
 from vdpcp.harness.worker import setting_up
@@ -20,6 +20,7 @@ from vdpcp.oracle.gradients import _carried, _check_input_grads, _check_param_gr
 from vdpcp.oracle.split import _contradicts, _describe, _judge_distribution, _read_table
 from vdpcp.oracle.telemetry import Clock, Memory
 from vdpcp.oracle.unsharded import DTYPES, Unsharded, _sum_shared, _unsharded, pixel_grads, replica_spec
+from vdpcp.pixels import fresh, moves_pixels
 from vdpcp.protocol import outputs_of
 from vdpcp.tensor_parallel import held_part
 
@@ -83,11 +84,14 @@ def _turns(ctx, case: Case, result: RankResult):
 def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups, clock) -> None:
     """The sharded arm on the same weights, and every check against the unsharded one."""
     dtype, config, cp_rank = DTYPES[case.dtype], case.config, groups.cp_rank
-    subject = impl.subject_model(model, case, dtype, ref.batch.patches.device)
+    device = ref.batch.cu_seqlens.device  # the tower's: the pixels may be on the host (vdpcp.pixels)
+    subject = impl.subject_model(model, case, dtype, device)
     pixels = pixel_grads(impl)
-    batch = replace(ref.batch, patches=ref.batch.patches.detach().clone().requires_grad_(pixels))
+    batch = replace(ref.batch, patches=fresh(ref.batch.patches, pixels))
     prompt = ref.loss.prompt()  # before the encode, as a VLM embeds its tokens first (vdpcp.loss: why it matters)
-    with Execution(subject, ref.index) as ran, comm.Collectives(groups.cp) as issued, reads.coded(batch) as coded:
+    copies = traffic.Copies(batch.patches, device) if moves_pixels(impl, case.pixels) else nullcontext()
+    with Execution(subject, ref.index) as ran, comm.Collectives(groups.cp) as issued, reads.coded(batch) as coded, \
+            copies:
         out = outputs_of(impl.encode_sharded(subject, impl.inputs(coded), config, groups.cp), f"{impl.name}.encode_sharded")
     result.encoded = ran.rows
     if not config.shard_vision and case.cp > 1 and issued.count:  # CP 1 configured, or the opt-out: the no-op
@@ -96,9 +100,15 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
 
     # What really ran, on every rank: the rows whose patches reached each rank's tower, with or without a graph (a
     # collective, so every rank takes it and decides alike).
-    read = _read_table(batch.spec, ran, case.cp, cp_rank, groups.cp, batch.patches.device)
+    read = _read_table(batch.spec, ran, case.cp, cp_rank, groups.cp, device)
     result.read = [row for row in range(read.shape[1]) if read[cp_rank, row]]
     replicated_run = case.cp > 1 and bool(read.all()) and read.shape[1] > 0
+    if isinstance(copies, traffic.Copies):
+        result.host_copies = copies.bytes
+        _in_host_memory(result, out, copies)
+        if ref.sharded and not replicated_run and ref.host_copies is not None:  # encoded whole on purpose: moved whole
+            _fail_into(result.not_sharded, traffic.judge(copies.bytes, ref.host_copies, result.read, batch.spec,
+                                                         result.rank, case.cp))
     plan = ref.plan
     if case.cp > 1 and cp_rank == 0:  # said once: every rank sees the same table
         _judge_distribution(result, read, plan, ref.sharded, replicated_run)
@@ -121,6 +131,7 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
     if list(out) != list(ref.out):
         result.failures.append(f"outputs: the sharded encode returned {list(out)}, the unsharded {list(ref.out)}")
         return
+    _as_unsharded(result, out, ref.out)
     for name, expected in ref.out.items():
         label = _label("outputs", name, ref.out)
         _fail(result, precision.compare_rows(label, out[name], expected, ref.rounding.outputs.get(name), "token")
@@ -161,6 +172,27 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
     if owned:
         regrouped.hold(result, impl, subject, batch, out, ref.weights, plan, read, groups.cp, grads=True, pixels=pixels)
         clock.lap("regrouped")
+
+
+def _as_unsharded(result: RankResult, out: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    """Each output in the unsharded one's dtype and on its device, or a failure saying which is not (an empty rank's
+    placeholder built like the pixels, say: a VLM's merge into its text stream takes neither). The output is then
+    cast and moved, differentiably, so every rank runs the same checks after (no collective is skipped)."""
+    for name, want in expected.items():
+        got = out[name]
+        if (got.dtype, got.device) != (want.dtype, want.device):
+            result.failures.append(f"{_label('outputs', name, expected)}: {got.dtype} on {got.device}, where the "
+                                   f"unsharded encode's are {want.dtype} on {want.device}")
+            out[name] = got.to(device=want.device, dtype=want.dtype)
+
+
+def _in_host_memory(result: RankResult, out: dict[str, torch.Tensor], copies: traffic.Copies) -> None:
+    """On the stand-in (no accelerator: vdpcp.traffic), outputs made in host memory, as a placeholder built on the
+    pixels' device is; on a GPU the device check (_as_unsharded) says it."""
+    for name, t in out.items():
+        if copies.stand_in and copies.hosts(t):
+            result.failures.append(f"{_label('outputs', name, out)}: made in host memory from the host pixels, not on "
+                                   f"the tower's device (the stand-in's host: no accelerator here)")
 
 
 def _off(config) -> str:

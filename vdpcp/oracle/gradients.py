@@ -15,11 +15,16 @@ from vdpcp.oracle.failures import _fail, _label
 from vdpcp.oracle.split import _readers
 from vdpcp.oracle.unsharded import Unsharded
 
+def _pixel_grad(batch) -> torch.Tensor:
+    """The pixels' gradient on the tower's device, where the metadata are (a loader's pixels are on the host)."""
+    return grad_or_zeros(batch.patches).to(batch.cu_seqlens.device)
+
+
 def _pixel_extra(batch, ref_batch, cp: int, cp_rank: int, owned: bool) -> list[torch.Tensor]:
     """What the input-gradient checks sum over the CP group with the parameter gradients: whether this rank's sharded
     pixels and its unsharded ones got a gradient, the sharded gradient, and (owned) which rows it is non-zero on."""
     has = [float(batch.patches.grad is not None), float(ref_batch.patches.grad is not None)]
-    grad = grad_or_zeros(batch.patches)
+    grad = _pixel_grad(batch)
     return [torch.tensor(has, dtype=torch.float64, device=grad.device), grad] + (
         [_holding(batch, grad, cp, cp_rank)] if owned else [])
 
@@ -39,7 +44,7 @@ def _check_input_grads(result: RankResult, batch, ref: Unsharded, plan, read, su
                        owned: bool) -> None:
     """The pixel gradients: summed over the CP ranks against the unsharded ones, and (owned) each row's on exactly
     its owner, equal there. ``summed``: _pixel_extra's gradient and holders, summed over the CP group."""
-    grad, ref_grad = grad_or_zeros(batch.patches), grad_or_zeros(ref.batch.patches)
+    grad, ref_grad = _pixel_grad(batch), _pixel_grad(ref.batch)
     _fail(result, _compare_images(result, "input grads (summed over ranks)", summed[0], ref_grad, batch.cu_seqlens,
                                   range(len(batch.cu_seqlens) - 1), ref.rounding.input))
     if owned:

@@ -3,14 +3,16 @@ set aside and its rounding measured; what it leaves (Unsharded) is what the shar
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import torch
 
-from vdpcp import loss, precision, reads, regrouped
+from vdpcp import loss, precision, reads, regrouped, traffic
 from vdpcp.case import Case, RankResult
 from vdpcp.oracle.execution import Execution
 from vdpcp.oracle.weights import _deal, _own_weight, own_media
+from vdpcp.pixels import handed, loader_pixels, moves_pixels
 from vdpcp.protocol import OutputsError, outputs_of
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -35,6 +37,7 @@ class Unsharded:
     gradients: bool  # whether the arms' gradients are checked (gradients_checked)
     loss: loss.Loss
     text_grads: dict[str, torch.Tensor] | None  # the prompt tables' gradients under the summed loss
+    host_copies: int | None = None  # bytes of host pixels its encode copied to the device (vdpcp.traffic)
 
 
 def _sum_shared(unsharded: Unsharded | None) -> None:
@@ -53,10 +56,11 @@ def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, 
     inside a model (a tensor-parallel tower) then never interleave with the sharded run's. ``group``: the CP group
     its rounding measurement may be shared out over (precision.Share; None: this rank measures it whole); then its
     ``rounding`` is this rank's part, which _sum_shared sums."""
-    batch = spec.tensors(dtype=DTYPES[case.dtype], device=device)
+    batch = handed(spec, case.pixels, DTYPES[case.dtype], device, host=loader_pixels(impl) == "host")
     batch.patches.requires_grad_(pixel_grads(impl))
     refused, index = None, reads.Index()
-    with Execution(model, index, learn=True) as ran, reads.coded(batch) as coded:
+    copies = traffic.Copies(batch.patches, device) if moves_pixels(impl, case.pixels) else nullcontext()
+    with Execution(model, index, learn=True) as ran, reads.coded(batch) as coded, copies:
         try:
             out = outputs_of(impl.encode(model, impl.inputs(coded)), f"{impl.name}.encode")
         except OutputsError:
@@ -69,7 +73,9 @@ def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, 
         result.unsharded_error = f"{type(refused).__name__}: {refused}"
         return None
     try:
-        return _unsharded_rest(impl, case, model, spec, result, cp_rank, device, clock, batch, out, ran, group)
+        whole = copies.bytes if isinstance(copies, traffic.Copies) else None
+        return replace(_unsharded_rest(impl, case, model, spec, result, cp_rank, device, clock, batch, out, ran, group),
+                       host_copies=whole)
     except RuntimeError as err:  # its backward (or its measuring run) ran an op with no deterministic kernel
         if not regrouped.lacking(model, err, result):
             raise
