@@ -145,7 +145,7 @@ class LanguageProbe(torch.nn.Module):
             return shard
         length = watch.vision.numel()
         gathered = comm.gather_features(shard, [length // cp] * cp, watch.group)
-        return gathered[_rank_order(length, cp).argsort()]
+        return gathered[_rank_order(length, cp).argsort().to(gathered.device)]
 
     @staticmethod
     def _vision_rows(rows: torch.Tensor, watch: Watch) -> torch.Tensor:
@@ -154,7 +154,7 @@ class LanguageProbe(torch.nn.Module):
         if cp == 1:
             return rows
         length, vision = watch.vision.numel(), watch.vision
-        held = [zigzag_positions(length, cp, r) & vision for r in range(cp)]
+        held = [zigzag_positions(length, cp, r).to(vision.device) & vision for r in range(cp)]  # positions on the CPU
         gathered = comm.gather_features(rows, [int(h.sum()) for h in held], watch.group)
         index = vision.cumsum(0) - 1  # a vision position's row among the vision rows
         return gathered[torch.cat([index[h] for h in held]).argsort()]
@@ -238,6 +238,7 @@ class BridgeQwen3VL(Implementation):
 
     splits = ("count",)
     preload = (automodel.MODELING,)
+    loader_pixels = "device"  # Bridge's data step moves each batch to the device before the model
     empty_rank_may_skip = True  # Bridge skips the tower on a rank with no image; transformers' holds no collective
     towers = {size: MediaAxes(patch_dim=patch, temporal_patch_sizes=(1, TEMPORAL_PATCH), min_grid=MERGE,
                               even_grids=True)  # Qwen3-VL's processors resize images to whole merge windows
