@@ -312,3 +312,93 @@ def _partition_cost_squared(impl):
     squared = copy.copy(impl)  # the subject's own code, its own config's cost_alpha=0: called, not patched
     squared.thresholds = {**impl.thresholds, "cost_alpha": 0}
     return squared
+
+
+class _Loaded(_Wrapped):
+    """A wrapper that sees the microbatch the subject is handed (its ``inputs(batch)``): the pixels as they came,
+    a loader's float32 host pixels in the matrix's loader cases (vdpcp.pixels), and the spec its plan is of."""
+
+    def __init__(self, subject, change=None, around=None, handed=None):
+        super().__init__(subject, change, around)
+        self._handed, self.batch = handed, None
+
+    def inputs(self, batch):
+        self.batch = batch
+        return self._subject.inputs(batch if self._handed is None else self._handed(batch))
+
+
+def _empty_rank(wrapper: _Loaded, impl, config, group) -> bool:
+    """Whether this CP rank owns no row of the microbatch under the subject's own plan."""
+    plan = impl.plan(wrapper.batch.spec, config)
+    if plan is None:
+        raise MutantDoesNotApply(f"{NOT_APPLICABLE}: {impl.name} states no plan, so which rank is empty is not known "
+                                 f"from outside")
+    return _cp_rank(group) not in plan.owner
+
+
+def _moves_its_own_pixels(impl) -> None:
+    """A bug of where pixels go needs a subject that takes them on the host and moves them itself."""
+    from vdpcp.pixels import loader_pixels
+
+    if loader_pixels(impl) != "host":
+        raise MutantDoesNotApply(f"{NOT_APPLICABLE}: {impl.name} declares loader_pixels={loader_pixels(impl)!r}: its "
+                                 f"framework moves every batch to the device, so it has no host pixels to move")
+
+
+def _on_empty_rank(impl, change):
+    """``impl`` whose outputs on a rank that owns no row are ``change(outputs, pixels)``: an empty rank's
+    placeholder built like the pixels it was handed, seen at its outputs (its gather returns its own buffer's)."""
+    wrapper = _Loaded(impl)
+
+    def edit(outputs, config, group):
+        if not _empty_rank(wrapper, impl, config, group):
+            return outputs
+        return {name: change(t, wrapper.batch.patches) for name, t in outputs.items()}
+
+    wrapper._change = edit
+    return wrapper
+
+
+@generic(
+    "placeholder-takes-pixels-dtype",
+    "a rank that owns no image builds its placeholder features in the pixels' dtype, not the encoder output's: with "
+    "a loader's float32 pixels and a bf16 or float64 tower, its gathered features come out in float32",
+    kills=("one-image-cp2-reference-count-loader", "three-images-cp4-reference-count-loader"),
+)
+def _placeholder_takes_pixels_dtype(impl):
+    return _on_empty_rank(impl, lambda t, pixels: t.to(pixels.dtype))
+
+
+@generic(
+    "placeholder-on-pixels-device",
+    "a rank that owns no image builds its placeholder features on the pixels' device (the host a loader leaves them "
+    "on), not the tower's: its gathered features come out in host memory",
+    kills=("one-image-cp2-reference-count-loader", "three-images-cp4-reference-count-loader"),
+)
+def _placeholder_on_pixels_device(impl):
+    _moves_its_own_pixels(impl)
+
+    def change(t, pixels):
+        moved = t.to(pixels.device)
+        # Host and device one memory (the CPU): a value made on the host from the pixels, which vdpcp.traffic's
+        # stand-in holds to be host memory, as a buffer of the pixels' device would be.
+        return moved if moved.device != t.device else moved + pixels.new_zeros(())
+
+    return _on_empty_rank(impl, change)
+
+
+@generic(
+    "whole-microbatch-moved-to-device",
+    "every rank moves the whole microbatch's pixels to its device, then slices its share there: outputs and "
+    "gradients right, CP x the host-to-device traffic and the pixel memory on every rank",
+    kills=("one-image-cp2-reference-count-loader", "mixed-sizes-cp2-reference-count-loader"),
+)
+def _whole_microbatch_moved_to_device(impl):
+    from dataclasses import replace
+
+    _moves_its_own_pixels(impl)
+
+    def whole_on_device(batch):  # the tower's device is where vdpcp keeps the metadata (vdpcp.pixels)
+        return replace(batch, patches=batch.patches.to(batch.cu_seqlens.device))
+
+    return _Loaded(impl, change=lambda outputs, config, group: outputs, handed=whole_on_device)

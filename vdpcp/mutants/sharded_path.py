@@ -439,23 +439,23 @@ def _placeholder_rank_guesses_width():
 
 @mutant(
     "placeholder-dtype-hard-coded",
-    "a rank that holds only placeholders builds them in a dtype written into the code (float16 here; the field's was "
-    "bf16, wrong in every dtype but its own): that rank's tower is handed patches of another dtype than its weights",
+    "a rank that holds only placeholders hands the gather its features in a dtype written into the code (float16 "
+    "here; the field's was bf16, wrong in every dtype but its own): the ranks' gather meets another dtype on that rank",
     kills=("one-image-cp2-reference-count", "three-images-cp4-reference-count"),
 )
 def _placeholder_dtype_hard_coded():
     import torch
+    import torch.distributed as dist
 
     from vdpcp import sharded
 
-    original = sharded.split
+    original = sharded.gather_features
 
-    def split(batch, shard, order=None):  # float16: no case of vdpcp's runs in it, so it is wrong in every one
-        patches = original(batch, shard, order)
-        only_placeholders = shard.num_placeholders > 0 and shard.stop - shard.num_placeholders == shard.start
-        return patches.to(torch.float16) if only_placeholders else patches
+    def gather_features(local, counts, group=None):  # float16: no case of vdpcp's runs in it, so wrong in every one
+        only_placeholders = counts[dist.get_rank(group)] == 0
+        return original(local.to(torch.float16) if only_placeholders else local, counts, group)
 
-    return {"vdpcp.sharded:split": split}
+    return {"vdpcp.sharded:gather_features": gather_features}
 
 
 # --- the partition's balance (correct outputs and gradients: only a rank's load shows them) --------------
