@@ -52,3 +52,23 @@ def test_gradient_bugs_are_caught_in_low_precision(mutant, case_id, dtype):
     result = run_case(_case(case_id, dtype).with_(mutant=mutant))
     assert result.verdict == "fail", result.summary()
     assert any("grads" in f for f in result.failures), result.summary()
+
+
+# Pixels as a loader hands them (float32, on the host where the subject moves its own) into a bf16 tower: its own
+# cast runs, and an empty rank's placeholder that follows the pixels comes out float32 where the tower's is bf16.
+LOADER_CASES = ("three-images-cp4-reference-count-loader", "mixed-sizes-cp2-qwen2_5_vl-count-loader")
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case_id", LOADER_CASES)
+def test_a_loaders_float32_pixels_pass_a_bf16_tower(case_id):
+    result = run_case(_case(case_id, "bfloat16"))
+    assert result.passed, result.summary()
+
+
+@pytest.mark.distributed
+def test_a_placeholder_in_the_pixels_dtype_fails_a_bf16_tower():
+    case = _case("one-image-cp2-reference-count-loader", "bfloat16").with_(mutant="placeholder-takes-pixels-dtype")
+    result = run_case(case)
+    assert result.verdict == "fail", result.summary()
+    assert any("torch.float32 on cpu, where the unsharded encode's are torch.bfloat16" in f for f in result.failures)
