@@ -203,7 +203,7 @@ def sub_batch(batch: Microbatch, rows: list[int]) -> Microbatch:
     cu = [int(c) for c in batch.cu_seqlens]
     picked = patch_index(cu, rows).to(batch.patches.device)
     spec = sub_spec(batch.spec, rows)
-    device = batch.cu_seqlens.device  # the tower's, where the metadata are (a loader's pixels are on the host)
+    device = batch.device  # the tower's (a loader's pixels are on the host)
     bounds = torch.tensor([0, *spec.row_patches], device=device).cumsum(0).to(torch.int32)
     return Microbatch(spec, batch.patches.detach()[:, picked].clone().requires_grad_(batch.patches.requires_grad),
                       torch.tensor(spec.images, dtype=torch.int64, device=device).reshape(-1, 2), bounds)

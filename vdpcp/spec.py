@@ -172,6 +172,12 @@ class Microbatch:
     imgs_sizes: torch.Tensor
     cu_seqlens: torch.Tensor
 
+    @property
+    def device(self) -> torch.device:
+        """The tower's device: where the metadata are, whether or not the pixels are there too (a data loader's
+        are on the host: vdpcp.pixels)."""
+        return self.cu_seqlens.device
+
 
 def read_json(path: Path):
     """A spec file's JSON; SpecError naming the file when it cannot be read or parsed."""

@@ -19,6 +19,9 @@ CASES = ("eleven-images-cp4-reference-count", "mixed-sizes-cp4-reference-balance
 # float32's element-wise tolerances failed these correct runs (the unsharded float32 gradient is itself 2e-5 off
 # float64's): as vectors they pass.
 FLOAT32_CASES = ("mixed-sizes-cp4-qwen2_5_vl-count", "mixed-sizes-cp8-qwen2_5_vl-count")
+# Pixels as a loader hands them (float32, on the host where the subject moves its own) into a bf16 tower: its own
+# cast runs, and an empty rank's placeholder that follows the pixels comes out float32 where the tower's is bf16.
+LOADER_CASES = ("three-images-cp4-reference-count-loader", "mixed-sizes-cp2-qwen2_5_vl-count-loader")
 KILLS = (("grad-not-summed", "eight-equal-cp2-reference-count"),
          ("grad-averaged", "eight-equal-cp2-reference-count"),
          ("gather-before-project", "eight-equal-cp2-reference-count"),
@@ -39,9 +42,9 @@ def test_sharded_matches_unsharded_in_low_precision(case_id, dtype):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("case_id", FLOAT32_CASES)
-def test_a_third_party_tower_passes_in_float32(case_id):
-    result = run_case(_case(case_id, "float32"))
+@pytest.mark.parametrize("case_id, dtype", [(c, "float32") for c in FLOAT32_CASES] + [(c, "bfloat16") for c in LOADER_CASES])
+def test_a_third_party_tower_in_float32_and_a_loaders_pixels_in_bf16_pass(case_id, dtype):
+    result = run_case(_case(case_id, dtype))
     assert result.passed, result.summary()
 
 
@@ -52,18 +55,6 @@ def test_gradient_bugs_are_caught_in_low_precision(mutant, case_id, dtype):
     result = run_case(_case(case_id, dtype).with_(mutant=mutant))
     assert result.verdict == "fail", result.summary()
     assert any("grads" in f for f in result.failures), result.summary()
-
-
-# Pixels as a loader hands them (float32, on the host where the subject moves its own) into a bf16 tower: its own
-# cast runs, and an empty rank's placeholder that follows the pixels comes out float32 where the tower's is bf16.
-LOADER_CASES = ("three-images-cp4-reference-count-loader", "mixed-sizes-cp2-qwen2_5_vl-count-loader")
-
-
-@pytest.mark.distributed
-@pytest.mark.parametrize("case_id", LOADER_CASES)
-def test_a_loaders_float32_pixels_pass_a_bf16_tower(case_id):
-    result = run_case(_case(case_id, "bfloat16"))
-    assert result.passed, result.summary()
 
 
 @pytest.mark.distributed

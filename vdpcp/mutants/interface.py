@@ -398,7 +398,7 @@ def _whole_microbatch_moved_to_device(impl):
 
     _moves_its_own_pixels(impl)
 
-    def whole_on_device(batch):  # the tower's device is where vdpcp keeps the metadata (vdpcp.pixels)
-        return replace(batch, patches=batch.patches.to(batch.cu_seqlens.device))
+    def whole_on_device(batch):
+        return replace(batch, patches=batch.patches.to(batch.device))
 
     return _Loaded(impl, change=lambda outputs, config, group: outputs, handed=whole_on_device)

@@ -84,7 +84,7 @@ def _turns(ctx, case: Case, result: RankResult):
 def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups, clock) -> None:
     """The sharded arm on the same weights, and every check against the unsharded one."""
     dtype, config, cp_rank = DTYPES[case.dtype], case.config, groups.cp_rank
-    device = ref.batch.cu_seqlens.device  # the tower's: the pixels may be on the host (vdpcp.pixels)
+    device = ref.batch.device  # the tower's: the pixels may be on the host (vdpcp.pixels)
     subject = impl.subject_model(model, case, dtype, device)
     pixels = pixel_grads(impl)
     batch = replace(ref.batch, patches=fresh(ref.batch.patches, pixels))

@@ -15,9 +15,10 @@ from vdpcp.oracle.failures import _fail, _label
 from vdpcp.oracle.split import _readers
 from vdpcp.oracle.unsharded import Unsharded
 
+
 def _pixel_grad(batch) -> torch.Tensor:
-    """The pixels' gradient on the tower's device, where the metadata are (a loader's pixels are on the host)."""
-    return grad_or_zeros(batch.patches).to(batch.cu_seqlens.device)
+    """The pixels' gradient on the tower's device (a loader's pixels are on the host)."""
+    return grad_or_zeros(batch.patches).to(batch.device)
 
 
 def _pixel_extra(batch, ref_batch, cp: int, cp_rank: int, owned: bool) -> list[torch.Tensor]:
