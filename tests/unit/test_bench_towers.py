@@ -15,11 +15,21 @@ def test_the_summary_gives_each_subjects_median_every_subjects_median_and_the_wa
     text = towers.summary(rows, 83.0)
     assert "reference CP 2: median case 2.00 s over 2 cases" in text
     assert "qwen2_5_vl CP 2: median case 9.00 s over 1 cases" in text
-    assert "every subject CP 2: median case 3.00 s over 3 cases (target 4.16 s: 3.2 s before the exact check, + 30%)" in text
+    assert "every subject CP 2: median case 3.00 s over 3 cases (target 1.5 s)" in text
     assert "every subject CP 4: median case 20.00 s over 1 cases" in text
     assert text[-2] == ("1 refused before they ran: over this machine's memory or compute limit (their lines say which, and the "
                         "option that raises it)")
-    assert text[-1].startswith("6 cases, 4 passing, in 83.0 s wall")
+    assert text[-1].startswith("6 cases, 4 passing, in 83.0 s wall (target for the bf16 selection")
+    assert "target" not in towers.summary(rows, 83.0, "float64")[-1]
+
+
+def test_each_phase_is_printed_with_what_the_ranks_clocks_left_outside_them():
+    row = {**_row("reference", 2, 2.5), "id": "x", "why": "",
+           "ranks": [{"rank": 0, "model": "reused", "turns": False, "held": {}, "estimate": 0,
+                      "ratio": None, "seconds": {"unsharded": 0.5, "sharded": 0.25, "gradients": 0.75}}]}
+    assert "[unsharded 0.50 sharded 0.25 gradients 0.75 outside 1.00]" in towers.line(row)
+    assert "reference CP 2: median seconds per phase, unsharded 0.50 sharded 0.25 gradients 0.75 outside 1.00" in \
+        towers.summary([row, row], 5.0)
 
 
 def test_a_case_too_large_for_this_machine_is_a_refused_line_and_the_selection_goes_on(capsys, on_the_cpu):

@@ -5,9 +5,9 @@ check` does (vdpcp.runner.run_judged) and prints one line per case: its verdict 
 model was built or reused (vdpcp.model_cache), and per rank what it held (the model, the unsharded arm's gradients
 set aside, the rank-alone ones), its CUDA peak, and the peak vdpcp.budget estimated for it (ratio measured /
 estimated). A case over this machine's memory (vdpcp.budget.check) is a "refused" line, and the
-selection goes on. Then, per implementation and CP size, the median case's seconds, and the selection's wall time: the
-figures a GPU runner's job is sized by (issue: the median CP 2 case within 5 s, the selection within 10 minutes on
-one GPU). Exit 1 if any case did not pass.
+selection goes on. Then, per implementation and CP size, the median case's seconds and each phase's median seconds,
+and the selection's wall time, against the targets a GPU runner's job is sized by (TARGETS). Exit 1 if any case did
+not pass.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def run(args) -> int:
         if args.json:  # after every case: a job killed at its time limit leaves what it finished
             write(args.json, rows, time.monotonic() - started)
     wall = time.monotonic() - started
-    for text in summary(rows, wall):
+    for text in summary(rows, wall, args.dtype):
         print(text)
     if args.json:
         write(args.json, rows, wall)
@@ -105,17 +105,25 @@ def line(row: dict) -> str:
                      f"{_gib(r['held'].get('peak'))}/{_gib(r['estimate'])}" for r in row["ranks"])
     shown = row["why"] if row["verdict"] == "refused" else row["why"][:200]  # a refusal ends with its override
     why = f"  {shown}" if row["why"] and not row["passing"] else ""
-    phases = row["ranks"][0]["seconds"] if row["ranks"] else {}
-    spent = " ".join(f"{name} {s:.2f}" for name, s in phases.items())
+    spent = " ".join(f"{name} {s:.2f}" for name, s in _phases(row).items())
     return f"{row['id']}  {row['verdict']}  {row['seconds']:.2f} s  [{spent}]  {ranks}{why}"
 
 
-# The real-size median CP 2 case's target: at most 30% over the 3.2 s it took before the exact check existed, so
-# that check's cost stays stated against the work it checks (docs/performance.md keeps the history).
-CP2_TARGET = " (target 4.16 s: 3.2 s before the exact check, + 30%)"
+# The real-size targets on one GPU: the median bf16 CP 2 case, the median float32 one, the whole bf16 selection.
+TARGETS = {"bfloat16": " (target 1.5 s)", "float32": " (target 4 s)"}
+SELECTION_TARGET = {"bfloat16": " (target for the bf16 selection, CP 2 and 4, on one GPU: 300 s)"}
 
 
-def summary(rows: list[dict], wall: float) -> list[str]:
+def _phases(row: dict) -> dict[str, float]:
+    """Rank 0's seconds per phase, and "outside": the case's wall time less them (starting the ranks' work, their
+    results coming back, the verdict)."""
+    phases = dict(row["ranks"][0]["seconds"]) if row["ranks"] else {}
+    if phases:
+        phases["outside"] = max(row["seconds"] - sum(phases.values()), 0.0)
+    return phases
+
+
+def summary(rows: list[dict], wall: float, dtype: str = "bfloat16") -> list[str]:
     """Per implementation and CP size the median case's seconds; the measured peaks against the estimates; the wall."""
     out, ran = [], [r for r in rows if r["verdict"] != "refused"]
     for impl in dict.fromkeys(r["impl"] for r in rows):
@@ -123,6 +131,7 @@ def summary(rows: list[dict], wall: float) -> list[str]:
             times = [r["seconds"] for r in ran if r["impl"] == impl and r["cp"] == cp and r["world"] == cp]
             if times:
                 out.append(f"{impl} CP {cp}: median case {statistics.median(times):.2f} s over {len(times)} cases")
+                out.append(f"{impl} CP {cp}: median seconds per phase, {_median_phases(ran, impl, cp)}")
         ratios = [rk["ratio"] for r in rows if r["impl"] == impl for rk in r["ranks"] if rk["ratio"]]
         if ratios:
             out.append(f"{impl}: each rank's CUDA peak / the budget's estimate {min(ratios):.2f} to {max(ratios):.2f}")
@@ -130,14 +139,23 @@ def summary(rows: list[dict], wall: float) -> list[str]:
         times = [r["seconds"] for r in ran if r["cp"] == cp and r["world"] == cp]
         if times:
             out.append(f"every subject CP {cp}: median case {statistics.median(times):.2f} s over {len(times)} cases"
-                       f"{CP2_TARGET if cp == 2 else ''}")
+                       f"{TARGETS.get(dtype, '') if cp == 2 else ''}")
     passing, refusals = sum(r["passing"] for r in rows), len(rows) - len(ran)
     if refusals:
         out.append(f"{refusals} refused before they ran: over this machine's memory or compute limit (their lines "
                    f"say which, and the option that raises it)")
-    out.append(f"{len(rows)} cases, {passing} passing, in {wall:.1f} s wall (target for the real-size selection on one "
-               f"GPU: 600 s)")
+    out.append(f"{len(rows)} cases, {passing} passing, in {wall:.1f} s wall{SELECTION_TARGET.get(dtype, '')}")
     return out
+
+
+def _median_phases(rows: list[dict], impl: str, cp: int) -> str:
+    """Each phase's median seconds over that implementation's cases at that CP size (rank 0's clock)."""
+    spent: dict[str, list[float]] = {}
+    for r in rows:
+        if r["impl"] == impl and r["cp"] == cp and r["world"] == cp:
+            for name, s in _phases(r).items():
+                spent.setdefault(name, []).append(s)
+    return " ".join(f"{name} {statistics.median(s):.2f}" for name, s in spent.items())
 
 
 def _gib(n) -> str:
