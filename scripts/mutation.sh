@@ -69,6 +69,8 @@ module[precision]=vdpcp/precision.py
 tests[precision]="tests/unit/test_precision.py tests/unit/test_precision_figures.py tests/unit/test_shared_rounding.py
   tests/oracle/test_rounding.py tests/oracle/test_precision_model.py
   tests/distributed/test_low_precision.py"
+module[rounding]=vdpcp/rounding.py
+tests[rounding]=${tests[precision]}" tests/distributed/test_shared_exact_run.py"
 module[sketch]=vdpcp/sketch.py
 tests[sketch]="tests/unit/test_sketch.py tests/oracle/test_gradients.py tests/distributed/test_sketched_sum.py"
 module[model_cache]=vdpcp/model_cache.py

@@ -1,5 +1,5 @@
-"""Sizing: what a case will need, from its spec's shapes alone, before any tensor is built; the limit it must
-stay under; and how to tell a rank that ran out of memory from a verdict.
+"""Sizing: what a case will need, from its spec's shapes alone, before any tensor is built, and the limit it must
+stay under (a rank that ran out of memory all the same is told from a verdict by vdpcp.expectations).
 
 Pure arithmetic over shapes (no torch, no torch.distributed): a 70-byte spec can ask for a 100 GB image, so
 every entry point sizes a case here first (``check``) and refuses one over the limit in one line that names the
@@ -201,7 +201,7 @@ class Need:
 
 
 EXACT = {"bfloat16": "float32", "float32": "float64"}  # vdpcp.precision's exact run, by the case's dtype
-EXACT_CHUNK = 4096  # patches of whole media items per call of the exact run (vdpcp.precision.measure)
+EXACT_CHUNK = 4096  # patches of whole media items per call of the exact run (vdpcp.rounding.measure)
 # How many copies of the tower's gradients a rank holds: the unsharded arm's, set aside, and the sharded arm's; its
 # own share of the unsharded ones too where it has one (a stated plan, or sharding off: its own loss's), and the
 # exact run the same over its own copy of the model.
@@ -477,51 +477,3 @@ def human(n: float) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{int(n)} B"
-
-
-# --- resource failures -----------------------------------------------------------------------------------
-
-# What torch, the C++ runtime, CUDA and the kernel say when an allocation fails.
-_OUT_OF_MEMORY = re.compile(r"MemoryError|OutOfMemoryError|can't allocate memory|std::bad_alloc|out of memory|"
-                            r"Cannot allocate memory", re.IGNORECASE)
-_TRIED = re.compile(r"[Tt]ried to allocate ([\d.]+) ?(bytes|[KMGT]iB|B)\b")
-_SECTION = re.compile(r"^----- rank (\d+): (.+?) -----$", re.MULTILINE)
-_HEADLINE_RANK = re.compile(r"rank (\d+) (raised .*?)(?=; rank \d+ |$)")
-
-
-def out_of_memory(text: str) -> str | None:
-    """``text`` (an exception's line) as "out of memory (tried to allocate 96.0 GiB: ...)", or None when it is
-    not an allocation failure."""
-    if not text or not _OUT_OF_MEMORY.search(text):
-        return None
-    line = re.sub(r"^raised |\[enforce fail at [^]]*\] (err == 0\. )?", "", " ".join(text.split())).rstrip(": ")
-    tried = _TRIED.search(line)
-    if tried is None:
-        return f"out of memory ({_clip(line)})"
-    number, unit = float(tried.group(1)), tried.group(2)
-    size = human(number * {"bytes": 1, "B": 1, "KiB": KiB, "MiB": MiB, "GiB": GiB, "TiB": TiB}[unit])
-    return f"out of memory: tried to allocate {size} ({_clip(line)})"
-
-
-def resource_failure(result) -> str | None:
-    """"rank N ran out of memory: ..." for a CaseResult where some rank's allocation failed (it raised, or its
-    unsharded encoder did), else None. A resource failure says nothing about the encoder or about sharding."""
-    error = getattr(result, "error", None)
-    if error:
-        found = _SECTION.findall(error) or _HEADLINE_RANK.findall(error.splitlines()[0])
-        for rank, what in found:
-            if not what.startswith("raised "):
-                continue  # a peer that hung or died quotes the raiser's error: the raiser is the one out of memory
-            oom = out_of_memory(what)
-            if oom is not None:
-                return f"rank {rank} ran {oom}"
-        return None
-    for r in getattr(result, "ranks", ()):
-        oom = out_of_memory(r.unsharded_error or "")
-        if oom is not None:
-            return f"rank {r.rank} ran {oom} in the unsharded encoder"
-    return None
-
-
-def _clip(text: str, width: int = 160) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"

@@ -116,7 +116,7 @@ class RankResult:
     backend: str = ""  # what this rank really ran on (the harness's RankContext), not what was asked for
     device: str = ""
     model: str = ""  # "built" for this case, or "reused" from an earlier one (vdpcp.model_cache)
-    precision: str = ""  # the precision the arms ran in (vdpcp.precision.in_effect: TF32 on CUDA, say)
+    precision: str = ""  # the precision the arms ran in (vdpcp.rounding.in_effect: TF32 on CUDA, say)
     collectives: str = ""  # what stood in for a collective of torch's in the sharded arm (vdpcp.gloo_collectives)
     deterministic: str = ""  # whether its backward was deterministic (vdpcp.regrouped.deterministic): cpu, on, off (why)
     exact: str = ""  # what the regrouped reference held bitwise on this rank, or why nothing (vdpcp.regrouped)

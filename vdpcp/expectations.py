@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from vdpcp.budget import resource_failure
+from vdpcp.budget import GiB, KiB, MiB, TiB, human
 from vdpcp.case import Case
 from vdpcp.impls import KnownLimit, resolve
 
@@ -102,3 +102,51 @@ def judge(result, known_limits: bool = True) -> tuple[str, str]:
     signatures = " or ".join(repr(text) for text in (limit.signature, *limit.alternatives))
     return result.verdict, (f"expected {limit.name} ({signatures}) but failed otherwise"
                             + (f": {otherwise[0]}" if otherwise else ""))
+
+
+# --- resource failures: a rank out of memory is told from every verdict on the encoder ---------------------
+
+# What torch, the C++ runtime, CUDA and the kernel say when an allocation fails.
+_OUT_OF_MEMORY = re.compile(r"MemoryError|OutOfMemoryError|can't allocate memory|std::bad_alloc|out of memory|"
+                            r"Cannot allocate memory", re.IGNORECASE)
+_TRIED = re.compile(r"[Tt]ried to allocate ([\d.]+) ?(bytes|[KMGT]iB|B)\b")
+_SECTION = re.compile(r"^----- rank (\d+): (.+?) -----$", re.MULTILINE)
+_HEADLINE_RANK = re.compile(r"rank (\d+) (raised .*?)(?=; rank \d+ |$)")
+
+
+def out_of_memory(text: str) -> str | None:
+    """``text`` (an exception's line) as "out of memory (tried to allocate 96.0 GiB: ...)", or None when it is
+    not an allocation failure."""
+    if not text or not _OUT_OF_MEMORY.search(text):
+        return None
+    line = re.sub(r"^raised |\[enforce fail at [^]]*\] (err == 0\. )?", "", " ".join(text.split())).rstrip(": ")
+    tried = _TRIED.search(line)
+    if tried is None:
+        return f"out of memory ({_clip(line)})"
+    number, unit = float(tried.group(1)), tried.group(2)
+    size = human(number * {"bytes": 1, "B": 1, "KiB": KiB, "MiB": MiB, "GiB": GiB, "TiB": TiB}[unit])
+    return f"out of memory: tried to allocate {size} ({_clip(line)})"
+
+
+def resource_failure(result) -> str | None:
+    """"rank N ran out of memory: ..." for a CaseResult where some rank's allocation failed (it raised, or its
+    unsharded encoder did), else None. A resource failure says nothing about the encoder or about sharding."""
+    error = getattr(result, "error", None)
+    if error:
+        found = _SECTION.findall(error) or _HEADLINE_RANK.findall(error.splitlines()[0])
+        for rank, what in found:
+            if not what.startswith("raised "):
+                continue  # a peer that hung or died quotes the raiser's error: the raiser is the one out of memory
+            oom = out_of_memory(what)
+            if oom is not None:
+                return f"rank {rank} ran {oom}"
+        return None
+    for r in getattr(result, "ranks", ()):
+        oom = out_of_memory(r.unsharded_error or "")
+        if oom is not None:
+            return f"rank {r.rank} ran {oom} in the unsharded encoder"
+    return None
+
+
+def _clip(text: str, width: int = 160) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"

@@ -295,7 +295,7 @@ class Implementation:
 
     def media_tokens(self, spec) -> tuple[int, ...] | None:
         """The output rows each media item of ``spec`` gives, in order. Without a plan it lets the CP ranks share out
-        the measurement of the unsharded run's rounding (vdpcp.precision.Share); None: every rank measures it whole."""
+        the measurement of the unsharded run's rounding (vdpcp.rounding.Share); None: every rank measures it whole."""
         return None
 
     def known_limit(self, case, backend: str) -> KnownLimit | None:

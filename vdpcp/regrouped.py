@@ -116,7 +116,7 @@ def deterministic(device: torch.device, result, model):
 @contextmanager
 def relaxed():
     """Deterministic algorithms off for a stretch held only within a tolerance (the exact run that measures the
-    arms' rounding, vdpcp.precision.measure): nothing there is compared bit for bit, so it pays nothing for
+    arms' rounding, vdpcp.rounding.measure): nothing there is compared bit for bit, so it pays nothing for
     determinism (in float32 at the real size, attention's deterministic backward) and no op of it can be refused.
     The case's setting comes back after, for the sharded arm and the regrouped runs that are held exactly."""
     before = _setting()

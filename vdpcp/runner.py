@@ -4,7 +4,7 @@ The rank body resolves the case's implementation (by name or module:object, on t
 layout groups, applies its mutant from outside the oracle, and runs the oracle. A case either passes (every
 rank's checks hold), fails (a check does not hold on some rank), or errors (a rank raised, died or hung: the
 harness's RankFailure text is kept); "unsharded-error" means the unsharded encoder raised on the spec too, so
-sharding is not to blame; "resource" means a rank ran out of memory (vdpcp.budget.resource_failure), which
+sharding is not to blame; "resource" means a rank ran out of memory (vdpcp.expectations.resource_failure), which
 says nothing about either. A case is sized before it runs and refused over the limit (vdpcp.budget.check).
 ``run_judged`` adds the expectation (vdpcp.expectations.judge).
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from vdpcp import budget, harness, layout, mutants, oracle
 from vdpcp.case import Case, RankResult
-from vdpcp.expectations import JUDGED, KNOWN_LIMIT_GRACE_S, PASSING, PRECEDENCE, judge, known_limit
+from vdpcp.expectations import JUDGED, KNOWN_LIMIT_GRACE_S, PASSING, PRECEDENCE, judge, known_limit, resource_failure
 from vdpcp.harness import RankFailure, run_ranks
 from vdpcp.harness import config as harness_config
 from vdpcp.harness.config import resolve_backend
@@ -51,7 +51,7 @@ class CaseResult:
     def verdict(self) -> str:
         """The first of RUN_VERDICTS that applies: resource (a rank could not allocate), error (a rank raised, died or
         hung: its ranks' results are not known), then what any rank says (RANK_FLAGS), else pass."""
-        applies = {"resource": budget.resource_failure(self) is not None, "error": self.error is not None, "pass": True}
+        applies = {"resource": resource_failure(self) is not None, "error": self.error is not None, "pass": True}
         applies |= {verdict: any(getattr(r, attr) for r in self.ranks) for verdict, attr in RANK_FLAGS.items()}
         return next(verdict for verdict in RUN_VERDICTS if applies[verdict])
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from vdpcp import budget
+from vdpcp import budget, expectations
 from vdpcp import spec as specs
 from vdpcp.case import Case, RankResult
 from vdpcp.expectations import judge, known_limit
@@ -88,7 +88,7 @@ def test_a_microbatch_the_implementations_fallback_replicates_is_held_as_the_opt
 
 
 def test_an_outputs_only_cases_exact_run_holds_its_model_copy_and_no_activations():
-    # Its exact run is a forward under no_grad (vdpcp.precision.measure): measured on the H200, estimates that held
+    # Its exact run is a forward under no_grad (vdpcp.rounding.measure): measured on the H200, estimates that held
     # the exact run's float32 activations were 1.4 to 4.3 times MCore's outputs-only peaks.
     case = Case(spec([[64, 64]] * 8), 2, dtype="bfloat16", grads=False)
     need = budget.need(case, device="cuda")
@@ -296,7 +296,7 @@ def test_other_errors_stay_errors(exc):
 def test_a_rank_text_without_sections_is_read_from_its_headline():
     result = CaseResult(TWO, error="rank_body failed on 2 of 2 ranks: rank 0 hung: still running 3 s after rank 1 raised "
                                    "MemoryError; rank 1 raised MemoryError", backend="gloo")
-    assert budget.resource_failure(result) == "rank 1 ran out of memory (MemoryError)"
+    assert expectations.resource_failure(result) == "rank 1 ran out of memory (MemoryError)"
 
 
 # --- long specs --------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The exact run shared out over the CP ranks (vdpcp.precision.Share): each rank runs the chunks of the media it owns
+"""The exact run shared out over the CP ranks (vdpcp.rounding.Share): each rank runs the chunks of the media it owns
 and the figures are summed over the group. It must measure what each rank running it whole measures: each output
 row's and microbatch row's figure bit for bit as its owner measures it whole (the same chunk, run by the same rank;
 another rank's chunks group other media with it, which moves the last bits), the rank-alone figure bit for bit, and
@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from vdpcp import loss, oracle, precision, sketch
+from vdpcp import loss, oracle, rounding, sketch
 from vdpcp.case import Case
 from vdpcp.impls import resolve
 from vdpcp.oracle import arms, weights
@@ -56,10 +56,10 @@ def _measured(ctx, spec_name: str, dtype: str, width: int | None, raise_on: int 
     for p in model.parameters():
         p.grad = None
     kinds = oracle.own_media(plan, case.spec, ctx.rank)
-    share = precision.Share(None, ctx.rank, plan)
+    share = rounding.Share(None, ctx.rank, plan)
     args = (model, batch, out, grads, own_grads, summed, own_weights, True)
     if raise_on is not None:
-        part = precision.measure(_Raising(impl, ctx.rank == raise_on), *args, kinds=kinds, share=share)
+        part = rounding.measure(_Raising(impl, ctx.rank == raise_on), *args, kinds=kinds, share=share)
         try:  # this rank's part never raises: its sums do, on every rank
             part.summed()
         except Exception as err:  # noqa: BLE001 - what each rank raised is the result
@@ -68,8 +68,8 @@ def _measured(ctx, spec_name: str, dtype: str, width: int | None, raise_on: int 
     saved = sketch.WIDTH
     sketch.WIDTH = width or saved  # a narrow sketch: the toy tower takes it; restored before the worker's next case
     try:
-        whole = precision.measure(impl, *args, kinds=kinds)
-        part = precision.measure(impl, *args, kinds=kinds, share=share)
+        whole = rounding.measure(impl, *args, kinds=kinds)
+        part = rounding.measure(impl, *args, kinds=kinds, share=share)
         shared = part.summed()
         held = part.own.numel() if isinstance(part.own, torch.Tensor) else sum(g.numel() for g in part.own)
     finally:
@@ -123,15 +123,15 @@ def test_a_shared_exact_run_sums_count_sketches_for_a_tower_over_the_sketch_widt
 def test_an_exact_run_that_raises_on_one_rank_raises_on_every_rank_and_none_waits(run_ranks):
     said = run_ranks(_measured, 2, "three-images", "float32", None, 1)
     assert said[1] == "ValueError: this rank's chunk cannot be encoded"
-    assert said[0] == ("RuntimeError: precision.measure: the exact run raised on CP rank(s) [1] of the shared exact "
+    assert said[0] == ("RuntimeError: rounding.measure: the exact run raised on CP rank(s) [1] of the shared exact "
                        "run (its own error is in that rank's result)")
 
 
 def test_a_shared_exact_run_without_the_media_s_owners_is_refused_before_any_collective():
     impl = resolve("reference")
     with pytest.raises(ValueError, match="a shared exact run needs the media's kinds"):
-        precision.measure(impl, None, None, {}, [], None, {}, None, True, kinds=None,
-                          share=precision.Share(None, 0, Ownership((0,), (1,), (0,))))
+        rounding.measure(impl, None, None, {}, [], None, {}, None, True, kinds=None,
+                          share=rounding.Share(None, 0, Ownership((0,), (1,), (0,))))
 
 
 # --- where the oracle shares it ----------------------------------------------------------------------------------
@@ -148,7 +148,7 @@ def _shared_by_oracle(ctx, case, turns: bool):
 
     from vdpcp import comm, runner
 
-    seen, inside, saved = [], [], (precision.measure, arms._turns, comm.all_reduce_sums)
+    seen, inside, saved = [], [], (rounding.measure, arms._turns, comm.all_reduce_sums)
 
     def watched(*args, share=None, **kwargs):
         seen.append(share is not None)
@@ -166,13 +166,13 @@ def _shared_by_oracle(ctx, case, turns: bool):
             inside.append("a collective inside the turn")
         return saved[2](*args, **kwargs)
 
-    precision.measure, comm.all_reduce_sums = watched, sums
+    rounding.measure, comm.all_reduce_sums = watched, sums
     if turns:
         arms._turns = taking_turns
     try:
         verdict = runner.rank_body(ctx, case)
     finally:  # a warm worker runs the next case with the real ones
-        precision.measure, arms._turns, comm.all_reduce_sums = saved
+        rounding.measure, arms._turns, comm.all_reduce_sums = saved
     return seen, inside, verdict.failures
 
 
@@ -200,8 +200,8 @@ def _wrong_tokens(ctx):
     out = {"features": impl.encode(model, impl.inputs(batch)).detach()}
     plan = impl.plan(case.spec, case.config)
     extra = () if ctx.rank == 0 else (1,)  # a row past the microbatch's: its chunks run, its masks cannot be laid
-    share = precision.Share(None, ctx.rank, Ownership(plan.owner + extra, plan.tokens + extra, plan.placeholders))
-    part = precision.measure(impl, model, batch, out, None, None, {}, None, False,
+    share = rounding.Share(None, ctx.rank, Ownership(plan.owner + extra, plan.tokens + extra, plan.placeholders))
+    part = rounding.measure(impl, model, batch, out, None, None, {}, None, False,
                              kinds=oracle.own_media(plan, case.spec, ctx.rank), share=share)
     try:
         part.summed()
@@ -213,7 +213,7 @@ def _wrong_tokens(ctx):
 @pytest.mark.distributed
 def test_a_part_whose_figures_raise_raises_on_every_rank_and_none_waits(run_ranks):
     said = run_ranks(_wrong_tokens, 2)
-    assert said[0] == ("RuntimeError", "precision.measure: the exact run raised on CP rank(s) [1] of the shared exact "
+    assert said[0] == ("RuntimeError", "rounding.measure: the exact run raised on CP rank(s) [1] of the shared exact "
                                        "run (its own error is in that rank's result)"), said
     assert said[1][0] != "no error" and "CP rank(s)" not in said[1][1], said
 

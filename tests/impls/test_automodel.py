@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from vdpcp import precision, scenarios
+from vdpcp import rounding, scenarios
 from vdpcp.case import Case
 from vdpcp.impls import resolve
 from vdpcp.impls.automodel import MODELING, PATCH, SHARDING, SPLIT, automodel, automodel_shipped, token_grids
@@ -114,7 +114,7 @@ def test_the_rows_each_media_item_gives_are_what_its_unsharded_encode_returns_fo
     spec = _spec(name)
     model = automodel.build_model(Case(spec, 1, "automodel"), torch.float64, torch.device("cpu"))
     alone = [automodel.encode(model, automodel.inputs(item))[MAIN_OUTPUT].shape[0]
-             for item in precision.media_chunks(spec.tensors(), 1)]
+             for item in rounding.media_chunks(spec.tensors(), 1)]
     assert len(alone) == len(spec.media_frames) > 1
     assert automodel.media_tokens(spec) == automodel_shipped.media_tokens(spec) == tuple(alone)
 

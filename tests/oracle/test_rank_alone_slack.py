@@ -1,4 +1,4 @@
-"""Below float64 the rank-alone parameter check is held to its own measured slack (precision.Rounding.own_params), not
+"""Below float64 the rank-alone parameter check is held to its own measured slack (rounding.Rounding.own_params), not
 to the summed check's (Rounding.params). In the matrix the two are within 2% of each other, so a check handed the
 other's slack passes every case: here the two are set apart and a rank's own gradients put between them, where only
 the slack it is given decides. In-process, a CP group of one whose unsharded arm is taken as sharded (at CP 1 the

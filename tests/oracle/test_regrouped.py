@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.oracle import subjects
-from vdpcp import loss, oracle, precision, regrouped
+from vdpcp import loss, oracle, regrouped, rounding
 from vdpcp.case import Case, RankResult
 from vdpcp.impls import resolve
 from vdpcp.oracle import unsharded
@@ -137,13 +137,13 @@ def test_the_rounding_measurement_runs_outside_deterministic_algorithms_and_the_
     """The exact run that measures rounding is held to nothing bit for bit: it leaves deterministic algorithms off
     (in float32 at the real size they cost attention's fast backward), and the arms after it get them back."""
     monkeypatch.setattr(regrouped, "STRICT", ("cuda", "cpu"))
-    measured, measure = [], precision.measure
+    measured, measure = [], rounding.measure
 
     def watched(*args, **kwargs):
         measured.append(_flags())
         return measure(*args, **kwargs)
 
-    monkeypatch.setattr(precision, "measure", watched)
+    monkeypatch.setattr(rounding, "measure", watched)
     case = _case("eight-equal-cp2-reference-count", dtype="float32")
     impl, cpu = resolve(case.impl), torch.device("cpu")
     model, spec, result = impl.build_model(case, torch.float32, cpu), oracle.replica_spec(case, 0), RankResult(0)

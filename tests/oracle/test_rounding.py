@@ -1,5 +1,5 @@
 """Low-precision quantities compare as norms within the dtype's rtol plus a slack the case measures: twice how far
-the unsharded run in that dtype is from the same run in float64 (vdpcp.precision.measure), per image for input
+the unsharded run in that dtype is from the same run in float64 (vdpcp.rounding.measure), per image for input
 gradients. A correct implementation
 whose sums round a little further apart than rtol alone allows passes; one further than the slack fails.
 

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from vdpcp import precision
+from vdpcp import precision, rounding
 
 from .precision_runs import SPECS, exact_copy, unsharded_run
 
@@ -17,7 +17,7 @@ def test_the_exact_run_turns_tf32_off_and_puts_every_switch_back():
     saved = (matmul.allow_tf32, cudnn.allow_tf32, torch.get_float32_matmul_precision())
     cudnn.allow_tf32 = True  # torch's default: TF32 in cuDNN convolutions
     try:
-        with precision.highest_precision():
+        with rounding.highest_precision():
             assert not matmul.allow_tf32 and not cudnn.allow_tf32
             assert torch.get_float32_matmul_precision() == "highest"
         assert (matmul.allow_tf32, cudnn.allow_tf32) == (saved[0], True)
@@ -32,7 +32,7 @@ def test_the_exact_run_turns_tf32_off_and_puts_every_switch_back():
 def test_chunks_are_whole_media_items_in_order_each_as_small_as_the_chunk_allows(chunk, groups):
     spec = SPECS["video-and-images"]  # media of 1, 4, 1, 5, 1 frames: 16, 96, 12, 40, 16 patches
     batch = spec.tensors()
-    subs = list(precision.media_chunks(batch, chunk))
+    subs = list(rounding.media_chunks(batch, chunk))
     starts = [0]
     for n in spec.media_frames:
         starts.append(starts[-1] + n)
@@ -47,7 +47,7 @@ def test_the_exact_run_in_chunks_measures_what_it_measures_whole():
     """A tower encodes each image on its own, so the exact run may go a few images at a time: the same figures."""
     run = unsharded_run("video-and-images", seed=0)
     impl, model, batch, out, grads, weights = run.impl, run.model, run.batch, run.out, run.grads, run.weights
-    whole, chunked = (precision.measure(impl, model, batch, out, grads, None, weights, None, True, chunk=c)
+    whole, chunked = (rounding.measure(impl, model, batch, out, grads, None, weights, None, True, chunk=c)
                       for c in (10**9, 1))
     assert whole.params == pytest.approx(chunked.params, rel=1e-6)
     assert torch.allclose(whole.input, chunked.input, rtol=1e-6)
@@ -66,8 +66,8 @@ def test_the_exact_runs_own_share_is_its_own_losss_gradient_and_leaves_the_summe
     own_exact = torch.autograd.grad((impl.encode(exact, replace(batch, patches=batch.patches.detach().double()))
                                      * own_weights["features"].double()).sum(), list(exact.parameters()), allow_unused=True)
     own_exact = [torch.zeros_like(p) if g is None else g for p, g in zip(exact.parameters(), own_exact)]
-    alone = precision.measure(impl, model, batch, out, grads, own_exact, weights, own_weights, True, chunk=chunk)
-    without = precision.measure(impl, model, batch, out, grads, None, weights, None, True, chunk=chunk)
+    alone = rounding.measure(impl, model, batch, out, grads, own_exact, weights, own_weights, True, chunk=chunk)
+    without = rounding.measure(impl, model, batch, out, grads, None, weights, None, True, chunk=chunk)
     assert alone.own_params < 1e-12  # the same float64 gradient, summed over chunks
     assert torch.allclose(alone.input, without.input, rtol=1e-9) and alone.params == pytest.approx(without.params, rel=1e-9)
 
@@ -98,7 +98,7 @@ def test_chunks_kept_to_one_owner_take_one_backward_each_and_measure_what_mixed_
     figures = {}
     for hint in (None, kinds):
         calls = _backwards(monkeypatch)
-        figures[hint] = precision.measure(run.impl, run.model, run.batch, run.out, run.grads, list(own_exact),
+        figures[hint] = rounding.measure(run.impl, run.model, run.batch, run.out, run.grads, list(own_exact),
                                           run.weights, share, True, chunk=10**9, kinds=hint)
         monkeypatch.undo()
         figures[hint, "backwards"] = len(calls)
@@ -134,14 +134,14 @@ def test_images_compare_per_microbatch_row_of_packed_patches():
 
 
 def test_the_report_says_what_precision_ran():
-    assert precision.in_effect(torch.bfloat16, torch.device("cpu")) == "bfloat16"
-    assert precision.EXACT[torch.bfloat16] == torch.float32 and precision.EXACT[torch.float32] == torch.float64
+    assert rounding.in_effect(torch.bfloat16, torch.device("cpu")) == "bfloat16"
+    assert rounding.EXACT[torch.bfloat16] == torch.float32 and rounding.EXACT[torch.float32] == torch.float64
     assert not precision.low(torch.float64) and precision.low(torch.float32)
 
 
 def test_a_batch_without_rows_is_one_chunk():
     empty = replace(SPECS["three-images"], images=(), name="none")
-    assert len(list(precision.media_chunks(empty.tensors(), 1))) == 1
+    assert len(list(rounding.media_chunks(empty.tensors(), 1))) == 1
 
 
 @pytest.fixture
@@ -160,7 +160,7 @@ def cuda_switches():
 def test_on_cuda_the_report_says_where_tf32_was_on_for_float32(cuda_switches, convolutions, matmuls):
     matmul, cudnn = cuda_switches
     cudnn.allow_tf32, matmul.allow_tf32 = convolutions, matmuls
-    said = precision.in_effect(torch.float32, torch.device("cuda", 0))
+    said = rounding.in_effect(torch.float32, torch.device("cuda", 0))
     on = {True: "on", False: "off"}
     assert said == f"float32, TF32 {on[convolutions]} in convolutions, {on[matmuls]} in matmuls", said
 
@@ -174,9 +174,9 @@ def test_on_cuda_the_report_says_whether_reductions_ran_in_the_half_precision_it
     for reduced in (True, False):
         setattr(matmul, flag, reduced)
         setattr(matmul, other, not reduced)  # the other half precision's switch says nothing of this one
-        assert precision.in_effect(dtype, torch.device("cuda")) == \
+        assert rounding.in_effect(dtype, torch.device("cuda")) == \
             f"{name}, reduced-precision reductions {'on' if reduced else 'off'}"
-    assert precision.in_effect(torch.float64, torch.device("cuda")) == "float64"
+    assert rounding.in_effect(torch.float64, torch.device("cuda")) == "float64"
 
 
 def test_float16_compares_with_its_own_rtol():

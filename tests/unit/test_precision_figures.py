@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from vdpcp import precision
+from vdpcp import precision, rounding
 
 from .precision_runs import exact_copy, unsharded_run
 
@@ -60,7 +60,7 @@ def test_a_row_message_states_its_own_slack_halved_as_the_distance_it_measured()
 def test_the_slack_of_every_quantity_is_twice_its_distance_from_the_exact_run():
     run = unsharded_run("three-images", seed=3, own=True)
     impl, batch, out, grads, own = run.impl, run.batch, run.out, run.grads, run.own
-    rounding = precision.measure(impl, run.model, batch, out, grads, own, run.weights, run.own_weights, True)
+    measured = rounding.measure(impl, run.model, batch, out, grads, own, run.weights, run.own_weights, True)
 
     exact = exact_copy(run)
     weights, own_weights = run.weights, run.own_weights
@@ -69,8 +69,8 @@ def test_the_slack_of_every_quantity_is_twice_its_distance_from_the_exact_run():
     own_exact = torch.autograd.grad((features * own_weights["features"].double()).sum(), list(exact.parameters()),
                                     retain_graph=True)
     (features * weights["features"].double()).sum().backward()
-    assert rounding.params == pytest.approx(2 * precision.relative(grads, [p.grad for p in exact.parameters()]), rel=1e-6)
-    assert rounding.own_params == pytest.approx(2 * precision.relative(own, own_exact), rel=1e-6)
+    assert measured.params == pytest.approx(2 * precision.relative(grads, [p.grad for p in exact.parameters()]), rel=1e-6)
+    assert measured.own_params == pytest.approx(2 * precision.relative(own, own_exact), rel=1e-6)
     assert torch.allclose(rounding.input, 2 * precision.segment_relative(batch.patches.grad, patches.grad,
                                                                          batch.cu_seqlens), rtol=1e-6)
     assert torch.allclose(rounding.outputs["features"], 2 * precision.row_relative(out["features"], features), rtol=1e-6)
@@ -93,11 +93,11 @@ def test_the_exact_run_sets_torchs_own_switches_to_ieee_and_back_whichever_api_t
         else:
             matmul.allow_tf32 = True
         before = (matmul.fp32_precision, conv.fp32_precision)
-        assert precision.in_effect(torch.float32, torch.device("cuda")) == \
+        assert rounding.in_effect(torch.float32, torch.device("cuda")) == \
             "float32, TF32 on in convolutions, on in matmuls"
-        with precision.highest_precision():
-            assert all(api.fp32_precision == "ieee" for api in precision._fp32_switches())
-            assert precision.in_effect(torch.float32, torch.device("cuda")) == \
+        with rounding.highest_precision():
+            assert all(api.fp32_precision == "ieee" for api in rounding._fp32_switches())
+            assert rounding.in_effect(torch.float32, torch.device("cuda")) == \
                 "float32, TF32 off in convolutions, off in matmuls"
         assert (matmul.fp32_precision, conv.fp32_precision) == before
         if stack == "legacy":

@@ -1,4 +1,4 @@
-"""An outputs-only exact run shared out over the CP ranks (vdpcp.precision.Share, Shared.summed): every rank reads
+"""An outputs-only exact run shared out over the CP ranks (vdpcp.rounding.Share, Shared.summed): every rank reads
 each output row's slack as that row's owner measured it, not only its own rows' (a rank's part is zeros on the
 others' rows: read as it is, every row another rank owns would be held to the dtype's rtol alone, and bf16 and
 float32 outputs-only cases would fail correct towers).
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import torch
 
-from vdpcp import comm, oracle, precision
+from vdpcp import comm, oracle, rounding
 from vdpcp.case import Case
 from vdpcp.impls import resolve
 from vdpcp.spec import MicrobatchSpec
@@ -21,8 +21,8 @@ SPEC = MicrobatchSpec(images=((8, 8), (8, 16), (16, 8)), seed=5, name="three-sma
 class Pair:
     """A stand-in CP group of two ranks, as one rank sees it: its own part (``me``) and the other rank's (``peer``)."""
 
-    me: precision.Shared
-    peer: precision.Shared
+    me: rounding.Shared
+    peer: rounding.Shared
 
 
 def _sums(tensors, group: Pair):
@@ -39,17 +39,17 @@ def _sums(tensors, group: Pair):
 
 def test_an_outputs_only_shared_exact_run_gives_every_rank_every_rows_owners_figure(monkeypatch):
     monkeypatch.setattr(comm, "all_reduce_sums", _sums)
-    monkeypatch.setattr(precision, "dist", SimpleNamespace(get_world_size=lambda group: 2))
+    monkeypatch.setattr(rounding, "dist", SimpleNamespace(get_world_size=lambda group: 2))
     impl, case, cpu = resolve("reference"), Case(SPEC, 2, dtype="float32", grads=False), torch.device("cpu")
     model = impl.build_model(case, torch.float32, cpu)
     batch = SPEC.tensors(dtype=torch.float32)  # Shared.summed reads no dtype: bf16's is the same path
     out = {"features": impl.encode(model, impl.inputs(batch)).detach()}
     plan = impl.plan(SPEC, case.config)
     kinds = [oracle.own_media(plan, SPEC, rank) for rank in range(2)]
-    whole = [precision.measure(impl, model, batch, out, None, None, {}, None, False, kinds=k) for k in kinds]
+    whole = [rounding.measure(impl, model, batch, out, None, None, {}, None, False, kinds=k) for k in kinds]
     groups = [Pair(), Pair()]
-    parts = [precision.measure(impl, model, batch, out, None, None, {}, None, False, kinds=kinds[rank],
-                               share=precision.Share(groups[rank], rank, plan)) for rank in range(2)]
+    parts = [rounding.measure(impl, model, batch, out, None, None, {}, None, False, kinds=kinds[rank],
+                               share=rounding.Share(groups[rank], rank, plan)) for rank in range(2)]
     for rank in range(2):
         groups[rank].me, groups[rank].peer = parts[rank], parts[1 - rank]
     owner = [r for r, n in zip(plan.owner, plan.tokens) for _ in range(n)]

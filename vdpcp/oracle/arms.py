@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import torch
 
-from vdpcp import budget, comm, gloo_collectives, load_balance, loss, model_cache, precision, reads, regrouped, traffic
+from vdpcp import budget, comm, gloo_collectives, load_balance, loss, model_cache, precision, reads, regrouped, rounding, traffic
 from vdpcp.case import Case, RankResult
 from vdpcp.harness.turns import turn
 from vdpcp.harness.worker import setting_up
@@ -32,7 +32,7 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
     """Run ``case`` on this rank (its CP group in ``groups``) and compare with the unsharded encoder."""
     dtype, device = DTYPES[case.dtype], ctx.device
     result = RankResult(ctx.rank, groups.cp_rank, backend=ctx.backend, device=str(device),
-                        precision=precision.in_effect(dtype, device))
+                        precision=rounding.in_effect(dtype, device))
     with setting_up():  # a rank first using its GPU (Memory, Clock) or building its model is behind, not hung
         clock, memory = Clock(result, device), Memory(device)
         model, result.model = model_cache.acquire(impl, case.impl, case, dtype, device)

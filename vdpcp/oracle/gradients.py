@@ -65,7 +65,7 @@ def _holding(batch, grad, cp: int, cp_rank: int) -> torch.Tensor:
 def _check_ownership(result, batch, grad, ref_grad, plan, read, holders, slack) -> None:
     """Every image row's gradient is non-zero on exactly one rank, its owner (the plan's, or the one rank whose
     tower read it), and equals the unsharded one there. ``holders``: _holding summed over the CP ranks;
-    ``slack``: per microbatch row, as the unsharded run measured it (precision.Rounding.input; None in float64)."""
+    ``slack``: per microbatch row, as the unsharded run measured it (rounding.Rounding.input; None in float64)."""
     cu = [int(c) for c in batch.cu_seqlens]
     rows, cp = len(cu) - 1, holders.shape[0]
     wrong = []

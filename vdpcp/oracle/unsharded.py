@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from vdpcp import loss, precision, reads, regrouped, traffic
+from vdpcp import loss, precision, reads, regrouped, rounding, traffic
 from vdpcp.case import Case, RankResult
 from vdpcp.oracle.execution import Execution
 from vdpcp.oracle.weights import _deal, _own_weight, own_media
@@ -32,7 +32,7 @@ class Unsharded:
     plan: object
     weights: dict[str, list[torch.Tensor]]
     sharded: bool
-    rounding: precision.Rounding | precision.Shared  # Shared: this rank's part, until summed after its turn
+    rounding: rounding.Rounding | rounding.Shared  # Shared: this rank's part, until summed after its turn
     graph: dict[str, bool]  # which outputs had an autograd graph (an encoder may return a bare tensor for no rows)
     gradients: bool  # whether the arms' gradients are checked (gradients_checked)
     loss: loss.Loss
@@ -41,8 +41,8 @@ class Unsharded:
 
 
 def _sum_shared(unsharded: Unsharded | None) -> None:
-    """A shared exact run's parts summed over the CP group into the Rounding every rank reads (precision.Shared)."""
-    if unsharded is not None and isinstance(unsharded.rounding, precision.Shared):
+    """A shared exact run's parts summed over the CP group into the Rounding every rank reads (rounding.Shared)."""
+    if unsharded is not None and isinstance(unsharded.rounding, rounding.Shared):
         with regrouped.relaxed():  # sums held to nothing bit for bit (on CUDA: index_add_'s atomic kernel)
             unsharded.rounding = unsharded.rounding.summed()
 
@@ -54,7 +54,7 @@ def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, 
     If the unsharded encoder raises, every rank raises alike before any collective (no rank hangs) and the case
     is unsharded_error, not a sharding failure. It finishes, backward too, before the sharded run: collectives
     inside a model (a tensor-parallel tower) then never interleave with the sharded run's. ``group``: the CP group
-    its rounding measurement may be shared out over (precision.Share; None: this rank measures it whole); then its
+    its rounding measurement may be shared out over (rounding.Share; None: this rank measures it whole); then its
     ``rounding`` is this rank's part, which _sum_shared sums."""
     batch = handed(spec, case.pixels, DTYPES[case.dtype], device, host=loader_pixels(impl) == "host")
     batch.patches.requires_grad_(pixel_grads(impl))
@@ -112,7 +112,7 @@ def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: 
     grads = [p.grad for p in params]
     for p in params:
         p.grad = None  # set aside: the sharded arm's gradients accumulate afresh on the same weights
-    rounding = precision.Rounding()
+    measured = rounding.Rounding()
     clock.lap("unsharded")
     if precision.low(dtype):
         with regrouped.relaxed():
@@ -121,22 +121,22 @@ def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: 
             split = own_weights if own_grads is not None else None
             deal = _deal(impl, spec, out, group) if share is None and plan is None and sharded and group else None
             if deal is not None:  # no plan: vdpcp's own deal of whole media items, for the exact run alone
-                kinds, share = own_media(deal, spec, cp_rank), precision.Share(group, cp_rank, deal)
+                kinds, share = own_media(deal, spec, cp_rank), rounding.Share(group, cp_rank, deal)
                 split = {name: _own_weight(deal, True, w, cp_rank, device) for name, w in weights.items()}
-            rounding = precision.measure(impl, model, batch, out, grads, own_grads, summed, split, gradients,
-                                         kinds=kinds, share=share)
+            measured = rounding.measure(impl, model, batch, out, grads, own_grads, summed, split, gradients,
+                                        kinds=kinds, share=share)
         clock.lap("exact")
     return Unsharded(batch, {n: t.detach() for n, t in out.items()}, grads, own_grads, ran.ran(), ran.index,
-                     plan, weights, sharded, rounding, graph, gradients, case_loss, text_grads)
+                     plan, weights, sharded, measured, graph, gradients, case_loss, text_grads)
 
 
-def _share(plan, kinds, gradients: bool, own_grads, group, cp_rank: int) -> precision.Share | None:
-    """The rounding measurement shared out over the CP group (precision.Share), where the plan says whose every
+def _share(plan, kinds, gradients: bool, own_grads, group, cp_rank: int) -> rounding.Share | None:
+    """The rounding measurement shared out over the CP group (rounding.Share), where the plan says whose every
     media item is and, with gradients, this rank holds its own share's expectation: every rank of the group decides
     alike (the same plan, case and group). None: this rank measures it whole."""
     if group is None or kinds is None or (gradients and own_grads is None):
         return None
-    return precision.Share(group, cp_rank, plan)
+    return rounding.Share(group, cp_rank, plan)
 
 
 def gradients_checked(impl, case: Case, out: dict[str, torch.Tensor], result: RankResult) -> bool:

@@ -29,7 +29,7 @@ def own_token_mask(plan, rank: int, device) -> torch.Tensor:
 
 def own_media(plan, spec, rank: int) -> tuple[str, ...] | None:
     """Per media item of ``spec``, whether its rows are all this rank's own in ``plan``, none, or some (None
-    without a plan that covers the microbatch): the exact run's chunks keep them apart (precision.measure)."""
+    without a plan that covers the microbatch): the exact run's chunks keep them apart (rounding.measure)."""
     if plan is None or len(plan.owner) != len(spec.images):
         return None
     rows = spec.media_rows
