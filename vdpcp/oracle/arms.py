@@ -42,7 +42,8 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
             with _turns(ctx, case, result):
                 unsharded = _unsharded(impl, case, model, replica_spec(case, groups.dp_rank), result, groups.cp_rank,
                                        device, clock, group=groups.cp)
-                _give_back(ctx)
+                if result.turns:  # the next rank's turn needs what this one's cached; else it fits beside it
+                    _give_back(ctx)
             _sum_shared(unsharded)  # out of the turn: a collective, and a peer may be waiting for its own turn
             memory.phase("unsharded peak")
             if unsharded is not None:
@@ -61,8 +62,11 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
 
 
 def _give_back(ctx) -> None:
-    """On a GPU other ranks share, hand the memory this rank's allocator cached back to them: its turn's peak would
-    otherwise stay reserved in this process while the next rank takes its turn."""
+    """On a GPU other ranks share, hand the memory this rank's allocator cached back to them: after its turn (its
+    turn's peak would otherwise stay reserved in this process while the next rank takes its turn), and after the
+    case (the next case's ranks may need it elsewhere). Not between the arms of a case that runs without turns:
+    every rank's peak fits beside the others' there, and the sharded arm reuses what the unsharded one cached
+    instead of asking the driver for it again."""
     if getattr(ctx, "shares_device", False):
         torch.cuda.empty_cache()
 
