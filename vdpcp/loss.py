@@ -19,7 +19,7 @@ copy its gradient before any vision node runs: either would hide such a gather.
 W_r is drawn per (spec seed, CP rank, output) as odd sixteenths: at the vision rows ``loss_weights`` (the features'
 weights: d L_r / d output, what the gather's backward receives), at the text rows ``text_weights``. The prompt term
 has no path to the tower, so the tower's gradients under the merged loss are those under sum(W_vision * output)
-(``features_loss``), which the exact run (vdpcp.precision) and the regrouped reference (vdpcp.regrouped) take, on
+(``features_loss``), which the exact run (vdpcp.rounding) and the regrouped reference (vdpcp.regrouped) take, on
 chunks and regroupings of the outputs a whole stream could not follow. The prompt's gradient is W_r itself (the
 derivative of a weighted sum, an embedding lookup of distinct rows): sixteenths, so its sum over any CP ranks is
 exact in every dtype and it is held bitwise.
@@ -27,6 +27,7 @@ exact in every dtype and it is held bitwise.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -116,11 +117,10 @@ def features_loss(outputs: dict[str, torch.Tensor], weights: dict[str, torch.Ten
 def loss_weights(case, spec, rank: int, shape, dtype, device, output: int = 0) -> torch.Tensor:
     """W_rank at one output's vision rows: deterministic per (spec seed, CP rank, output); under zigzag, zero outside
     the rank's LM shard (every output is over the same token rows)."""
-    gen = torch.Generator().manual_seed((1_000_003 * spec.seed + rank + OUTPUT_SEED_STRIDE * output) % 2**63)
-    w = sixteenths(torch.randn(shape, generator=gen, dtype=torch.float64))
+    w = _drawn((1_000_003 * spec.seed + rank + OUTPUT_SEED_STRIDE * output) % 2**63, tuple(shape))
     if case.loss == "zigzag":
         w = w * zigzag_rows(shape[0], case.cp, rank).unsqueeze(-1)
-    return w.to(dtype=dtype, device=device)
+    return w.to(dtype=dtype, device=device, copy=True)  # the draw itself stays as drawn, for the next case
 
 
 def text_weights(case, spec, rank: int, shape, dtype, device, output: int = 0) -> torch.Tensor:
@@ -131,6 +131,15 @@ def text_weights(case, spec, rank: int, shape, dtype, device, output: int = 0) -
         held = zigzag_positions(TEXT_BEFORE + shape[0] + TEXT_AFTER, case.cp, rank).to(torch.float64)
         w = w * torch.cat([held[:TEXT_BEFORE], held[TEXT_BEFORE + shape[0]:]]).reshape(-1, *[1] * (w.dim() - 1))
     return w.to(dtype=dtype, device=device)
+
+
+@functools.lru_cache(maxsize=8)
+def _drawn(seed: int, shape: tuple) -> torch.Tensor:
+    """A float64 draw of odd sixteenths, kept for the cases after this one: the matrix runs each microbatch under
+    several splits, losses and pixel paths one after another, the same draw each time, and a real-size tower's is
+    ten million elements per CP rank, drawn serially on the host (a few of them are a few hundred MB)."""
+    gen = torch.Generator().manual_seed(seed)
+    return sixteenths(torch.randn(shape, generator=gen, dtype=torch.float64))
 
 
 def sixteenths(draw: torch.Tensor) -> torch.Tensor:

@@ -169,9 +169,17 @@ def built(cls, config, seed: int, dtype, device, toy: bool = True):
 
 
 def param_count(cls, config) -> int:
-    """Parameters of a transformers model from ``config``, counted on the meta device (nothing allocated)."""
-    with torch.device("meta"):
-        return sum(p.numel() for p in cls._from_config(config).parameters())
+    """Parameters of a transformers model from ``config``, counted on the meta device (nothing allocated), once per
+    class and config: every case is sized before it runs, and building a real-size tower's modules, even on the
+    meta device, is most of what sizing it costs."""
+    key = (cls, config.to_json_string())
+    if key not in _COUNTED:
+        with torch.device("meta"):
+            _COUNTED[key] = sum(p.numel() for p in cls._from_config(config).parameters())
+    return _COUNTED[key]
+
+
+_COUNTED: dict[tuple, int] = {}
 
 
 def seed_of(case) -> int:
