@@ -71,10 +71,10 @@ def test_the_slack_of_every_quantity_is_twice_its_distance_from_the_exact_run():
     (features * weights["features"].double()).sum().backward()
     assert measured.params == pytest.approx(2 * precision.relative(grads, [p.grad for p in exact.parameters()]), rel=1e-6)
     assert measured.own_params == pytest.approx(2 * precision.relative(own, own_exact), rel=1e-6)
-    assert torch.allclose(rounding.input, 2 * precision.segment_relative(batch.patches.grad, patches.grad,
+    assert torch.allclose(measured.input, 2 * precision.segment_relative(batch.patches.grad, patches.grad,
                                                                          batch.cu_seqlens), rtol=1e-6)
-    assert torch.allclose(rounding.outputs["features"], 2 * precision.row_relative(out["features"], features), rtol=1e-6)
-    assert 0 < rounding.params < 1e-5 and 0 < rounding.own_params < 1e-5
+    assert torch.allclose(measured.outputs["features"], 2 * precision.row_relative(out["features"], features), rtol=1e-6)
+    assert 0 < measured.params < 1e-5 and 0 < measured.own_params < 1e-5
 
 
 NEW_API = hasattr(torch.backends.cuda.matmul, "fp32_precision")
