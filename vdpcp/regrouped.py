@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from vdpcp import comm, loss, precision
-from vdpcp.grads import grad_or_zeros
+from vdpcp.grads import grad_or_zeros, or_zeros
 from vdpcp.oracle.execution import Execution
 from vdpcp.protocol import outputs_of
 from vdpcp.spec import Microbatch, MicrobatchSpec
@@ -271,7 +271,7 @@ def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: 
         # Equal: held. Not equal: the same backward again, for where it does not repeat itself bit for bit (a kernel
         # with no deterministic path that said nothing) no bitwise verdict on gradients can be fair, and they are
         # left to the other checks. Run again only then: a correct run pays for one backward here, not two.
-        same = _same(got, _or_zeros(want, [*inputs, *params]), ulps)
+        same = _same(got, or_zeros(want, [*inputs, *params]), ulps)
         if same or _repeats(want, torch.autograd.grad(merged, [*inputs, *params], allow_unused=True)):
             if not (same and ulps == 0):  # bitwise all together is bitwise each; else each part is judged alone
                 if pixels:
@@ -353,7 +353,7 @@ def _exact_params(result, whose: str, named, want, ulps: int) -> None:
     """Every parameter's gradient (as one vector within ``ulps``); the first one off is named."""
     params = [p for _, p in named]
     got = [grad_or_zeros(p) for p in params]
-    want = [w if w is not None else torch.zeros_like(p) for p, w in zip(params, want)]
+    want = or_zeros(want, params)
     if _same(got, want, ulps):
         return
     off = next(i for i, (g, w) in enumerate(zip(got, want)) if not torch.equal(g, w))
@@ -361,10 +361,6 @@ def _exact_params(result, whose: str, named, want, ulps: int) -> None:
                            f"exactly them, given the gradient its rows received (first: {named[off][0]}, of "
                            f"{len(params)}): relative 2-norm {precision.relative(got, want):.3g}"
                            f"{_allowed(params[0].dtype, ulps)}")
-
-
-def _or_zeros(grads, tensors) -> list:
-    return [g if g is not None else torch.zeros_like(t) for g, t in zip(grads, tensors)]
 
 
 def _repeats(first, second) -> bool:

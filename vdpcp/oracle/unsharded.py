@@ -12,6 +12,7 @@ from vdpcp import loss, precision, reads, regrouped, rounding, traffic
 from vdpcp.case import Case, RankResult
 from vdpcp.oracle.execution import Execution
 from vdpcp.oracle.weights import _deal, _own_weight, own_media
+from vdpcp.grads import or_zeros
 from vdpcp.pixels import handed, loader_pixels, moves_pixels
 from vdpcp.protocol import OutputsError, outputs_of
 
@@ -170,4 +171,4 @@ def _param_grads(model, of: torch.Tensor) -> list[torch.Tensor]:
     """d of / d params, one per parameter, leaving the graph for the full backward."""
     params = list(model.parameters())
     grads = torch.autograd.grad(of, params, retain_graph=True, allow_unused=True)
-    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+    return or_zeros(grads, params)
