@@ -94,19 +94,41 @@ def compare_each(what: str, named) -> str | None:
 
 def max_abs_each(named) -> float:
     """The largest max_abs over (name, actual, expected) triples (0.0 for none)."""
-    return max((max_abs(_end_to_end(a for _, a, _ in run), _end_to_end(e for _, _, e in run)) if _uniform(run)
-                else max(max_abs(a, e) for _, a, e in run) for run in _runs(named)), default=0.0)
+    peaks = []
+    for run in _runs(named):
+        if _uniform(run):
+            peaks.append(_peak(_end_to_end(a for _, a, _ in run), _end_to_end(e for _, _, e in run)))
+        else:
+            peaks.append(_read([_peak(a, e) for _, a, e in run], max))
+    return _read(peaks, max) if peaks else 0.0
 
 
 def squared_norms(named) -> tuple[float, float]:
     """|actual - expected|^2 and |expected|^2 over (name, actual, expected) triples as one vector, in float64."""
-    diff_sq = scale_sq = 0.0
+    diffs, scales = [], []
     for run in _runs(named):
         a = torch.cat([t.detach().double().reshape(-1) for _, t, _ in run])
         e = torch.cat([t.detach().double().reshape(-1).to(a.device) for _, _, t in run])
-        diff_sq += (a - e).square().sum().item()
-        scale_sq += e.square().sum().item()
-    return diff_sq, scale_sq
+        diffs.append((a - e).square().sum())
+        scales.append(e.square().sum())
+    return float(_read(diffs, sum)), float(_read(scales, sum))
+
+
+def _peak(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor | float:
+    """max_abs, left on the device where it is computed there (a float where the shapes alone say it)."""
+    if actual.numel() == 0 or actual.shape != expected.shape:
+        return 0.0 if actual.shape == expected.shape else math.inf
+    return (actual.detach().double() - expected.detach().double()).abs().max()
+
+
+def _read(figures: list, fold) -> float:
+    """``fold`` (max, sum) of per-run figures, read off the device in one transfer (a tower's few hundred
+    parameters would otherwise wait for the device a few hundred times), in the order they came, as Python folds
+    floats (so a NaN is kept or dropped as it always was)."""
+    on_device = [f for f in figures if isinstance(f, torch.Tensor)]
+    read = iter(torch.stack([f.to(on_device[0].device) for f in on_device]).tolist() if on_device else [])
+    values = [next(read) if isinstance(f, torch.Tensor) else f for f in figures]
+    return fold(values)
 
 
 # Elements laid end to end at most (a larger tensor is a run alone): a few MB more in float64, never a tower's copy.

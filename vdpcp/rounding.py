@@ -139,7 +139,8 @@ def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weig
             chunk: int | None = None, kinds=None, share: Share | None = None) -> Rounding | Shared:
     """The unsharded run once more in ``EXACT[dtype]``, on a copy of ``model`` made for it and freed after.
 
-    ``ref_out``: the unsharded outputs; ``ref_grads``: its parameter gradients (one per parameter, in order) and
+    ``ref_out``: the unsharded outputs; ``ref_grads``: its parameter gradients (one per parameter, in order; None
+    where they are the sum of the CP ranks' ``own_grads``, which only a shared run can take) and
     ``batch.patches.grad`` its input gradient; ``own_grads``: the rank-alone expectation (None: not checked);
     ``weights``/``own_weights``: the loss weights they were taken under, by output name.
 
@@ -152,6 +153,9 @@ def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weig
     and ``own_weights`` where ``grads``) the CP ranks split the run between them (Share): this rank's part, no
     collective, whose ``summed()`` (a collective) is the Rounding.
     """
+    if grads and ref_grads is None and share is None:
+        raise ValueError("rounding.measure: without the summed loss's gradients (ref_grads), only a shared exact run "
+                         "can take them as the sum of the ranks' own shares")
     if share is not None and (kinds is None or (grads and own_weights is None)):
         raise ValueError("rounding.measure: a shared exact run needs the media's kinds and, with gradients, the rank's "
                          "own weights (its share of the summed loss)")
@@ -220,9 +224,11 @@ def _shared(share: Share, failed, outputs: dict, batch, patches, ref_grads, own_
         figure = _own_only(figure, share.own_rows(figure.device))
     own = [torch.zeros_like(p) if o is None else o for o, p in zip(own, params)]
     own_figure = 2 * relative(own_grads, own) if own_grads is not None else 0.0
+    parts = ref_grads is None  # the summed loss's gradients are the ranks' own shares' sum (vdpcp.oracle.unsharded)
+    ref = own_grads if parts else ref_grads
     if not sketch.pays(sum(o.numel() for o in own)):
-        return Shared(share, device, None, outputs, figure, own_figure, own, ref_grads)
-    return Shared(share, device, None, outputs, figure, own_figure, *sketch.sketch(zip(own, ref_grads), device))
+        return Shared(share, device, None, outputs, figure, own_figure, own, ref, parts)
+    return Shared(share, device, None, outputs, figure, own_figure, *sketch.sketch(zip(own, ref), device), parts)
 
 
 @dataclass
@@ -244,6 +250,7 @@ class Shared:
     own_figure: float = 0.0
     own: list | torch.Tensor | None = None
     ref: list | torch.Tensor | None = None
+    ref_in_parts: bool = False  # ``ref`` is this rank's own share of it too, summed over the group as ``own`` is
 
     def summed(self) -> Rounding:
         _raise_alike(self.share, self.failed, self.device)
@@ -254,10 +261,15 @@ class Shared:
             return Rounding(outputs)
         pixels = summed[-1] if self.input is not None else None
         if isinstance(self.own, torch.Tensor):
-            total = comm.all_reduce_sum(self.own, self.share.group)
-            params = float((self.ref - total).norm() / total.norm().clamp_min(1e-300))
+            if self.ref_in_parts:
+                total, ref = comm.all_reduce_sum(torch.stack([self.own, self.ref]), self.share.group).unbind()
+            else:
+                total, ref = comm.all_reduce_sum(self.own, self.share.group), self.ref
+            params = float((ref - total).norm() / total.norm().clamp_min(1e-300))
         else:
-            params = relative(self.ref, comm.all_reduce_sums(self.own, self.share.group))
+            n = len(self.own)
+            total = comm.all_reduce_sums(self.own + (self.ref if self.ref_in_parts else []), self.share.group)
+            params = relative(total[n:] if self.ref_in_parts else self.ref, total[:n])
         return Rounding(outputs, pixels, 2 * params, self.own_figure)
 
 

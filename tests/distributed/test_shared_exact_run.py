@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from vdpcp import loss, oracle, rounding, sketch
+from vdpcp import comm, loss, oracle, rounding, sketch
 from vdpcp.case import Case
 from vdpcp.impls import resolve
 from vdpcp.oracle import arms, weights
@@ -36,8 +36,10 @@ class _Raising:
         return self.impl.encode(model, inputs)
 
 
-def _measured(ctx, spec_name: str, dtype: str, width: int | None, raise_on: int | None = None):
-    """(whole, shared) Rounding on this rank, from one unsharded run of ``spec_name`` at CP = the world size."""
+def _measured(ctx, spec_name: str, dtype: str, width: int | None, raise_on: int | None = None, parts: bool = False):
+    """(whole, shared) Rounding on this rank, from one unsharded run of ``spec_name`` at CP = the world size.
+    ``parts``: the shared run is handed no summed gradients, only this rank's own share (the oracle's _sum_split),
+    and ``whole`` is measured against the shares' sum, taken here with a collective."""
     impl, case = resolve("reference"), Case(SPECS[spec_name], ctx.world_size, dtype=dtype)
     cpu, dt = torch.device("cpu"), DTYPES[dtype]
     model = impl.build_model(case, dt, cpu)
@@ -68,7 +70,11 @@ def _measured(ctx, spec_name: str, dtype: str, width: int | None, raise_on: int 
     saved = sketch.WIDTH
     sketch.WIDTH = width or saved  # a narrow sketch: the toy tower takes it; restored before the worker's next case
     try:
+        if parts:
+            args = (model, batch, out, comm.all_reduce_sums(own_grads), own_grads, summed, own_weights, True)
         whole = rounding.measure(impl, *args, kinds=kinds)
+        if parts:
+            args = (model, batch, out, None, own_grads, summed, own_weights, True)
         part = rounding.measure(impl, *args, kinds=kinds, share=share)
         shared = part.summed()
         held = part.own.numel() if isinstance(part.own, torch.Tensor) else sum(g.numel() for g in part.own)
@@ -117,6 +123,20 @@ def test_a_shared_exact_run_sums_count_sketches_for_a_tower_over_the_sketch_widt
         assert shared.own_params == whole.own_params
         assert shared.params == pytest.approx(whole.params, rel=5 * math.sqrt(2 / width))
     assert got[0][1].params == got[1][1].params  # every rank reads the same figure
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("width", [None, 1 << 12])
+def test_handed_only_the_ranks_own_shares_it_measures_their_sum_as_if_it_were_handed_it(run_ranks, width):
+    """Where each rank took the backward of its own share alone, the summed gradients' figure is against the shares'
+    sum: summed with the exact run's own shares, in one collective (as they are, or as count sketches)."""
+    got = run_ranks(_measured, 2, "three-images", "float32", width, None, True)
+    for whole, shared, held, params, _ in got:
+        assert held == (width or params)  # the exact run's shares and the ranks' own: as they are, or as sketches
+        assert shared.own_params == whole.own_params
+        deviation = 1e-6 if width is None else 5 * math.sqrt(2 / width)
+        assert 0 < shared.params == pytest.approx(whole.params, rel=deviation)
+    assert got[0][1].params == got[1][1].params
 
 
 @pytest.mark.distributed

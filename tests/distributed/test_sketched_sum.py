@@ -54,3 +54,34 @@ def test_the_ranks_sketches_sum_to_the_sketch_of_the_summed_gradients(run_ranks,
                                   r"torch.bfloat16's rtol 0.016", said)
             assert figure, said
             assert float(figure.group(1)) == pytest.approx(off / (1 + off), rel=5 * math.sqrt(2 / 1024) / 2), said
+
+
+def sketched_shares(ctx, off: float):
+    """Each rank's own share of the expected gradients, (1 + off) x its own gradients: the expected sum is the
+    shares' sum, which no rank holds (vdpcp.oracle.unsharded._sum_split)."""
+    model = _grads(ctx.rank)
+    shares = [(p.grad.double() * (1 + off)).to(torch.bfloat16) for p in model.parameters()]
+    width = sketch.WIDTH
+    sketch.WIDTH = 1024
+    try:
+        result = RankResult(ctx.rank)
+        gradients._check_param_grads(result, model, None, None, [], torch.bfloat16, 0.0, shares)
+    finally:
+        sketch.WIDTH = width
+    return result.failures
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("off", [0.0, 0.05])
+def test_where_each_rank_holds_its_own_share_the_shares_sketches_are_summed_too(run_ranks, off):
+    """No rank holds the expected sum: its sketch is the shares' sketches summed in the same collective, and its
+    norm the figure's scale (an estimate, within the sketch's deviation, as the difference is)."""
+    for failures in run_ranks(sketched_shares, 2, off):
+        if off == 0:
+            assert failures == [], failures
+        else:
+            (said,) = failures
+            figure = re.fullmatch(r"param grads \(summed over ranks\): relative 2-norm error (\S+) exceeds "
+                                  r"torch.bfloat16's rtol 0.016", said)
+            assert figure, said
+            assert float(figure.group(1)) == pytest.approx(off / (1 + off), rel=5 * math.sqrt(2 / 1024)), said

@@ -155,11 +155,11 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
     # The comparisons below hold the gradients within tolerances, not bit for bit: deterministic algorithms off
     # (on CUDA the count sketch's index_add_ then takes its atomic kernel, not a sorting one).
     with regrouped.relaxed():
-        held = [held_part(g, p, groups.tp_rank, case.tp) if g is not None else None
-                for p, g in zip(subject.parameters(), ref.grads)]
+        held = _held(ref.grads, subject, groups.tp_rank, case.tp)
+        shares = _held(ref.own_grads, subject, groups.tp_rank, case.tp) if ref.grads is None else None
         texts = prompt.grads()
         extra = (_pixel_extra(batch, ref.batch, case.cp, cp_rank, owned) if pixels else []) + list(texts.values())
-        summed = _check_param_grads(result, subject, held, groups.cp, extra, dtype, ref.rounding.params)
+        summed = _check_param_grads(result, subject, held, groups.cp, extra, dtype, ref.rounding.params, shares)
         summed, summed_texts = summed[: len(summed) - len(texts)], summed[len(summed) - len(texts):]
         _check_text(result, texts, ref.loss.table_grads(cp_rank), ref.loss.tokens, "this rank alone")
         _check_text(result, dict(zip(texts, summed_texts)), ref.text_grads, ref.loss.tokens, "summed over ranks")
@@ -170,14 +170,21 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
             result.input_grad_err = math.nan  # not compared: RankResult.input_grads says why
             result.input_grads = result.input_grads or "pixels are data (the implementation declares no pixel_grads)"
         if owned and not may_skip and required is not None:
-            _check_param_grads_exist(result, ref.grads, subject, required, ran.names)
+            _check_param_grads_exist(result, ref.given, subject, required, ran.names)
         if rank_alone and replicated_run == (not ref.sharded):
-            own = [held_part(g, p, groups.tp_rank, case.tp) for p, g in zip(subject.parameters(), ref.own_grads)]
+            own = shares or _held(ref.own_grads, subject, groups.tp_rank, case.tp)
             _check_rank_alone(result, subject, own, dtype, ref.rounding.own_params)
     clock.lap("gradients")
     if owned:
         regrouped.hold(result, impl, subject, batch, out, ref.weights, plan, read, groups.cp, grads=True, pixels=pixels)
         clock.lap("regrouped")
+
+
+def _held(grads: list | None, subject, tp_rank: int, tp: int) -> list | None:
+    """The plain tower's gradients as the parts ``subject``'s parameters hold on this TP rank (all of them at TP 1)."""
+    if grads is None:
+        return None
+    return [held_part(g, p, tp_rank, tp) if g is not None else None for p, g in zip(subject.parameters(), grads)]
 
 
 def _as_unsharded(result: RankResult, out: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:

@@ -100,15 +100,17 @@ def _compare_images(result, what: str, actual, expected, cu_seqlens, rows, slack
     return precision.compare_rows(what, a, e, slack, "image", cu_seqlens=sub_cu, names=rows)
 
 
-def _check_param_grads(result, model, expected, group, extra, dtype, slack) -> list[torch.Tensor]:
+def _check_param_grads(result, model, expected, group, extra, dtype, slack, shares=None) -> list[torch.Tensor]:
     """The parameter gradients summed over ``group`` against ``expected`` (one per parameter, in order; None:
     the unsharded run gives none), in buckets of precision.BUCKET elements: one collective per bucket, the first
     also carrying the ``extra`` tensors to sum (returned summed). float64 element by element (the first parameter
-    off is named); below it as one vector within rtol + ``slack``."""
+    off is named); below it as one vector within rtol + ``slack``. ``expected`` None: it is the sum over ``group``
+    of each rank's ``shares`` (vdpcp.oracle.unsharded._sum_split), summed as sketches."""
     params = [(name, p) for name, p in model.named_parameters()]
     low = precision.low(dtype)
-    if low and sketch.pays(sum(p.numel() for _, p in params)):
-        return _check_sketched_param_grads(result, [p for _, p in params], expected, group, extra, dtype, slack)
+    if expected is None or (low and sketch.pays(sum(p.numel() for _, p in params))):
+        return _check_sketched_param_grads(result, [p for _, p in params], expected, group, extra, dtype, slack,
+                                           shares)
     diff_sq = scale_sq = 0.0
     summed_extra = None
     for bucket in _buckets([p for _, p in params]) or [[]]:
@@ -131,15 +133,23 @@ def _check_param_grads(result, model, expected, group, extra, dtype, slack) -> l
     return summed_extra
 
 
-def _check_sketched_param_grads(result, params, expected, group, extra, dtype, slack) -> list[torch.Tensor]:
+def _check_sketched_param_grads(result, params, expected, group, extra, dtype, slack, shares=None) -> list[torch.Tensor]:
     """_check_param_grads for a tower with more parameters than vdpcp.sketch.WIDTH, below float64: the ranks sum
     count sketches of their gradients, not the gradients, so |summed - expected| is an estimate (vdpcp.sketch says
-    how close) and no element-wise figure exists: ``param_grad_err`` is NaN, not measured (the report's "-")."""
+    how close) and no element-wise figure exists: ``param_grad_err`` is NaN, not measured (the report's "-").
+    With ``shares`` (``expected`` None) the expected sketch is summed too, in the same collective: a sketch is
+    linear, so the shares' sketches add up to the sketch of their sum, and its norm estimates the sum's."""
     summed_extra = comm.all_reduce_sums(extra, group) if extra else []
     device = params[0].device
-    mine, want = sketch.sketch(zip((p.grad for p in params), expected), device)
-    diff_sq = (comm.all_reduce_sum(mine, group) - want).square().sum().item()
-    scale_sq = sum(e.double().square().sum().item() for e in expected if e is not None)
+    if expected is None:
+        mine, want = sketch.sketch(zip((p.grad for p in params), shares), device)
+        diff, want = comm.all_reduce_sum(torch.stack([mine - want, want]), group).unbind()
+        diff_sq, scale_sq = diff.square().sum().item(), want.square().sum().item()
+    else:
+        mine, want = sketch.sketch(zip((p.grad for p in params), expected), device)
+        diff_sq = (comm.all_reduce_sum(mine, group) - want).square().sum().item()
+        norms = [e.double().square().sum() for e in expected if e is not None]
+        scale_sq = sum(torch.stack(norms).tolist()) if norms else 0.0  # one wait for the device, not one a parameter
     result.param_grad_err = math.nan
     _fail(result, precision.compare_vector("param grads (summed over ranks)", diff_sq, scale_sq, dtype, slack))
     return summed_extra

@@ -50,7 +50,7 @@ class Memory:
     def figures(self, model, unsharded: Unsharded | None) -> dict[str, int]:
         held = {"model": _bytes(model.parameters()) + _bytes(model.buffers())}
         if unsharded is not None:
-            held["unsharded grads"] = _bytes(unsharded.grads)
+            held["unsharded grads"] = _bytes(unsharded.grads or [])
             held["rank-alone grads"] = _bytes(unsharded.own_grads or [])
         if self.peaks:
             held.update(self.peaks)

@@ -8,11 +8,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from vdpcp import loss, precision, reads, regrouped, rounding, traffic
+from vdpcp import comm, loss, precision, reads, regrouped, rounding, sketch, traffic
 from vdpcp.case import Case, RankResult
 from vdpcp.oracle.execution import Execution
 from vdpcp.oracle.weights import _deal, _own_weight, own_media
-from vdpcp.grads import or_zeros
+from vdpcp.grads import grad_or_zeros, or_zeros
 from vdpcp.pixels import handed, loader_pixels, moves_pixels
 from vdpcp.protocol import OutputsError, outputs_of
 
@@ -26,7 +26,9 @@ class Unsharded:
 
     batch: object
     out: dict[str, torch.Tensor]  # detached
-    grads: list[torch.Tensor | None]  # the parameter gradients under the summed loss, set aside from the model
+    # the parameter gradients under the summed loss, set aside from the model; None where they are the sum of the CP
+    # ranks' own shares (``split``) and too large to send: the summed check then sums sketches (vdpcp.sketch)
+    grads: list[torch.Tensor | None] | None
     own_grads: list[torch.Tensor] | None  # this rank's own share (None: no plan to say which rows are its own)
     ran: set[str]  # layers that ran
     index: reads.Index  # its tower-input rows by their bytes, for rows of the sharded arm that carry no code
@@ -38,14 +40,43 @@ class Unsharded:
     gradients: bool  # whether the arms' gradients are checked (gradients_checked)
     loss: loss.Loss
     text_grads: dict[str, torch.Tensor] | None  # the prompt tables' gradients under the summed loss
+    given: list[bool] | None = None  # which parameters the summed loss gives a gradient
+    split: object = None  # the CP group whose ranks' own shares sum to the summed loss's gradients (_sum_split)
     host_copies: int | None = None  # bytes of host pixels its encode copied to the device (vdpcp.traffic)
 
 
 def _sum_shared(unsharded: Unsharded | None) -> None:
-    """A shared exact run's parts summed over the CP group into the Rounding every rank reads (rounding.Shared)."""
-    if unsharded is not None and isinstance(unsharded.rounding, rounding.Shared):
-        with regrouped.relaxed():  # sums held to nothing bit for bit (on CUDA: index_add_'s atomic kernel)
+    """What the unsharded arm left in parts summed over the CP group: the summed loss's gradients where each rank
+    took the backward of its own share alone (_sum_split), and a shared exact run's parts into the Rounding every
+    rank reads (rounding.Shared). Collectives: the oracle takes them outside any turn."""
+    if unsharded is None:
+        return
+    with regrouped.relaxed():  # sums held to nothing bit for bit (on CUDA: index_add_'s atomic kernel)
+        if unsharded.split is not None:
+            _sum_split(unsharded)
+        if isinstance(unsharded.rounding, rounding.Shared):
             unsharded.rounding = unsharded.rounding.summed()
+
+
+def _sum_split(unsharded: Unsharded) -> None:
+    """The summed loss's gradients from the CP ranks' own shares (_splits): every row has one owner, so the shares
+    add up to the summed loss, and its gradients are their sum. Summed here: which parameters any share gives a
+    gradient, the pixels' gradient, and, where sending them costs less than sketching (vdpcp.sketch.pays), the
+    parameter gradients; a larger tower's summed check sums sketches of the shares instead (oracle.gradients)."""
+    own, patches = unsharded.own_grads, unsharded.batch.patches
+    device = own[0].device if own else patches.device
+    flags = torch.tensor([float(g) for g in unsharded.given] + [float(patches.grad is not None)], dtype=torch.float64,
+                         device=device)
+    pixels = [grad_or_zeros(patches).to(device)] if patches.requires_grad else []
+    whole = not sketch.pays(sum(g.numel() for g in own))
+    summed = comm.all_reduce_sums([flags] + pixels + (own if whole else []), unsharded.split)
+    flags, rest = summed[0].tolist(), summed[1:]
+    unsharded.given = [bool(f) for f in flags[:-1]]
+    if pixels:
+        grad = rest.pop(0)
+        patches.grad = grad.to(patches.device) if flags[-1] else None
+    if whole:
+        unsharded.grads = [g if given else None for g, given in zip(rest, unsharded.given)]
 
 
 def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, device, clock,
@@ -101,23 +132,31 @@ def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: 
     case_loss = loss.case_loss(case, spec, {name: t.shape for name, t in out.items()}, dtype, device)
     weights = case_loss.weights
     summed = {name: sum(w) for name, w in weights.items()}
-    own_weights, own_grads, text_grads = None, None, None
+    own_weights, own_grads, text_grads, shares = None, None, None, None
+    kinds = own_media(plan, spec, cp_rank)  # the exact run's chunks kept to one owner
     if gradients:
         own_weights = {name: _own_weight(plan, sharded, w, cp_rank, device) for name, w in weights.items()}
-        if all(w is not None for w in own_weights.values()):
-            own_grads = _param_grads(model, loss.features_loss(out, own_weights))
-        prompt = case_loss.prompt()
-        loss.merged_loss(out, prompt, case_loss.stream_weights()).backward()
-        text_grads = prompt.grads()
+        if _splits(case, own_weights, sharded, kinds, model, group):
+            shares = group  # one backward, of this rank's own share: the summed loss's gradients are the shares' sum
+            loss.features_loss(out, own_weights).backward()
+            text_grads = case_loss.table_grads()  # the prompt's gradient is the loss weights (vdpcp.loss)
+        else:
+            if all(w is not None for w in own_weights.values()):
+                own_grads = _param_grads(model, loss.features_loss(out, own_weights))
+            prompt = case_loss.prompt()
+            loss.merged_loss(out, prompt, case_loss.stream_weights()).backward()
+            text_grads = prompt.grads()
     params = list(model.parameters())
     grads = [p.grad for p in params]
+    given = [g is not None for g in grads]
     for p in params:
         p.grad = None  # set aside: the sharded arm's gradients accumulate afresh on the same weights
+    if shares is not None:
+        own_grads, grads = or_zeros(grads, params), None  # this rank's share; the sum comes after (_sum_split)
     measured = rounding.Rounding()
     clock.lap("unsharded")
     if precision.low(dtype):
         with regrouped.relaxed():
-            kinds = own_media(plan, spec, cp_rank)  # chunks kept to one owner
             share = _share(plan, kinds, gradients, own_grads, group, cp_rank)
             split = own_weights if own_grads is not None else None
             deal = _deal(impl, spec, out, group) if share is None and plan is None and sharded and group else None
@@ -128,7 +167,22 @@ def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: 
                                         kinds=kinds, share=share)
         clock.lap("exact")
     return Unsharded(batch, {n: t.detach() for n, t in out.items()}, grads, own_grads, ran.ran(), ran.index,
-                     plan, weights, sharded, measured, graph, gradients, case_loss, text_grads)
+                     plan, weights, sharded, measured, graph, gradients, case_loss, text_grads, given, shares)
+
+
+def _splits(case: Case, own_weights: dict, sharded: bool, kinds, model, group) -> bool:
+    """Whether each CP rank takes the unsharded arm's backward of its own share alone, and the summed loss's
+    gradients are the shares' sum over the CP group (_sum_split): one whole-microbatch backward a rank, not two (the
+    rank-alone expectation's, then the summed loss's). Where every rank has an own share (a plan, or no sharding)
+    and the sum is cheap beside a backward: in float64 where the gradients are sent as they are (a sketch would
+    not do: float64 is compared element by element), below it where the exact run is shared out too
+    (rounding.Share: an exact run of the whole microbatch on each rank would need the sum inside its turn). Every
+    rank of the group decides alike: the same case, plan and tower."""
+    if group is None or case.cp < 2 or any(w is None for w in own_weights.values()):
+        return False
+    if precision.low(DTYPES[case.dtype]):
+        return sharded and kinds is not None
+    return not sketch.pays(sum(p.numel() for p in model.parameters()))
 
 
 def _share(plan, kinds, gradients: bool, own_grads, group, cp_rank: int) -> rounding.Share | None:
