@@ -48,14 +48,15 @@ def segment_relative(actual, exact, cu_seqlens) -> torch.Tensor:
 
 def relative(actual, exact) -> float:
     """|actual - exact| / |exact| over lists of tensors (one per parameter; None is zeros), as one vector."""
-    diff = scale = 0.0
+    diffs, scales = [], []
     for a, e in zip(actual, exact):
         if e is None and a is None:
             continue
         e = torch.zeros_like(a) if e is None else e.detach()
         a = torch.zeros_like(e) if a is None else a.detach()
-        diff += (a.double() - e.double()).square().sum().item()
-        scale += e.double().square().sum().item()
+        diffs.append((a.double() - e.double()).square().sum())
+        scales.append(e.double().square().sum())
+    diff, scale = float(_read(diffs, sum)), float(_read(scales, sum))
     return math.sqrt(diff) / max(math.sqrt(scale), 1e-300)
 
 
