@@ -32,7 +32,8 @@ def test_matrix(case):
 
 @pytest.mark.distributed
 def test_opted_out_outputs_equal_the_unsharded_ones():
-    """The float64 opt-out is a strict xfail for its gradients alone (qwen-float32-inside): its outputs hold."""
+    """The float64 opt-out's outputs hold whatever its gradients are held to (at a tower over the sketch's width, the
+    one backward of the summed loss: the strict xfail qwen-float32-inside)."""
     spec = next(s.spec for s in TABLE if s.spec.name == "video-and-images")
     assert_case(Case(spec, 2, "qwen2_5_vl", vision_dp_over_cp=False, grads=False))
 
