@@ -93,10 +93,7 @@ def fingerprint(model: torch.nn.Module) -> torch.Tensor:
     for batch in _batches(tensors):
         for i, total in zip(batch, _batch_bits([tensors[i] for i in batch])):
             sums[i] = total
-    devices = {s.device for s in sums}
-    if len(devices) == 1:  # one wait for the device, not one a tensor
-        return torch.stack(sums).cpu()
-    return torch.stack([s.cpu() for s in sums])
+    return torch.stack([s.to(sums[0].device) for s in sums]).cpu()  # one wait for the device, not one a tensor
 
 
 def _batches(tensors: list[torch.Tensor]) -> list[list[int]]:

@@ -56,7 +56,7 @@ def relative(actual, exact) -> float:
         a = torch.zeros_like(e) if a is None else a.detach()
         diffs.append((a.double() - e.double()).square().sum())
         scales.append(e.double().square().sum())
-    diff, scale = float(_read(diffs, sum)), float(_read(scales, sum))
+    diff, scale = float(read_once(diffs, sum)), float(read_once(scales, sum))
     return math.sqrt(diff) / max(math.sqrt(scale), 1e-300)
 
 
@@ -100,8 +100,8 @@ def max_abs_each(named) -> float:
         if _uniform(run):
             peaks.append(_peak(_end_to_end(a for _, a, _ in run), _end_to_end(e for _, _, e in run)))
         else:
-            peaks.append(_read([_peak(a, e) for _, a, e in run], max))
-    return _read(peaks, max) if peaks else 0.0
+            peaks.append(read_once([_peak(a, e) for _, a, e in run], max))
+    return read_once(peaks, max) if peaks else 0.0
 
 
 def squared_norms(named) -> tuple[float, float]:
@@ -112,7 +112,7 @@ def squared_norms(named) -> tuple[float, float]:
         e = torch.cat([t.detach().double().reshape(-1).to(a.device) for _, _, t in run])
         diffs.append((a - e).square().sum())
         scales.append(e.square().sum())
-    return float(_read(diffs, sum)), float(_read(scales, sum))
+    return float(read_once(diffs, sum)), float(read_once(scales, sum))
 
 
 def _peak(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor | float:
@@ -122,10 +122,10 @@ def _peak(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor | float:
     return (actual.detach().double() - expected.detach().double()).abs().max()
 
 
-def _read(figures: list, fold) -> float:
-    """``fold`` (max, sum) of per-run figures, read off the device in one transfer (a tower's few hundred
-    parameters would otherwise wait for the device a few hundred times), in the order they came, as Python folds
-    floats (so a NaN is kept or dropped as it always was)."""
+def read_once(figures: list, fold) -> float:
+    """``fold`` (max, sum) of per-parameter or per-run figures (0-d tensors, or floats), read off the device in one
+    transfer (a tower's few hundred parameters would otherwise wait for the device a few hundred times), in the
+    order they came, as Python folds floats (so a NaN is kept or dropped as it would be one at a time)."""
     on_device = [f for f in figures if isinstance(f, torch.Tensor)]
     read = iter(torch.stack([f.to(on_device[0].device) for f in on_device]).tolist() if on_device else [])
     values = [next(read) if isinstance(f, torch.Tensor) else f for f in figures]

@@ -143,9 +143,9 @@ def _given(plan, cp_rank: int) -> str:
 
 
 def _check_param_grads_exist(result, given: list[bool], model, required: set[str], layers: list[str]) -> None:
-    """Every parameter the unsharded run gives a gradient (``given``, one flag a parameter) has one here (a skipped tower leaves them None, which
-    summing would read as zeros), where its layer is ``required`` on this rank; a parameter outside every layer
-    Execution watches (the root's own) always."""
+    """Every parameter the unsharded run gives a gradient (``given``, one flag a parameter) has one here (a skipped
+    tower leaves them None, which summing would read as zeros), where its layer is ``required`` on this rank; a
+    parameter outside every layer Execution watches (the root's own) always."""
     watched = set(layers)
     missing = [name for (name, p), g in zip(model.named_parameters(), given)
                if g and p.grad is None and (_layer_of(name) in required or _layer_of(name) not in watched)]

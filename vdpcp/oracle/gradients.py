@@ -148,8 +148,7 @@ def _check_sketched_param_grads(result, params, expected, group, extra, dtype, s
     else:
         mine, want = sketch.sketch(zip((p.grad for p in params), expected), device)
         diff_sq = (comm.all_reduce_sum(mine, group) - want).square().sum().item()
-        norms = [e.double().square().sum() for e in expected if e is not None]
-        scale_sq = sum(torch.stack(norms).tolist()) if norms else 0.0  # one wait for the device, not one a parameter
+        scale_sq = float(precision.read_once([e.double().square().sum() for e in expected if e is not None], sum))
     result.param_grad_err = math.nan
     _fail(result, precision.compare_vector("param grads (summed over ranks)", diff_sq, scale_sq, dtype, slack))
     return summed_extra

@@ -27,7 +27,8 @@ class Unsharded:
     batch: object
     out: dict[str, torch.Tensor]  # detached
     # the parameter gradients under the summed loss, set aside from the model; None where they are the sum of the CP
-    # ranks' own shares (``split``) and too large to send: the summed check then sums sketches (vdpcp.sketch)
+    # ranks' own shares (``summed_over``) until _sum_split sums them, and after it where they are too large to send:
+    # the summed check then sums sketches of the shares (vdpcp.sketch)
     grads: list[torch.Tensor | None] | None
     own_grads: list[torch.Tensor] | None  # this rank's own share (None: no plan to say which rows are its own)
     ran: set[str]  # layers that ran
@@ -41,7 +42,7 @@ class Unsharded:
     loss: loss.Loss
     text_grads: dict[str, torch.Tensor] | None  # the prompt tables' gradients under the summed loss
     given: list[bool] | None = None  # which parameters the summed loss gives a gradient
-    split: object = None  # the CP group whose ranks' own shares sum to the summed loss's gradients (_sum_split)
+    summed_over: object = None  # the CP group whose ranks' own shares sum to the summed loss's gradients (_sum_split)
     host_copies: int | None = None  # bytes of host pixels its encode copied to the device (vdpcp.traffic)
 
 
@@ -52,7 +53,7 @@ def _sum_shared(unsharded: Unsharded | None) -> None:
     if unsharded is None:
         return
     with regrouped.relaxed():  # sums held to nothing bit for bit (on CUDA: index_add_'s atomic kernel)
-        if unsharded.split is not None:
+        if unsharded.summed_over is not None:
             _sum_split(unsharded)
         if isinstance(unsharded.rounding, rounding.Shared):
             unsharded.rounding = unsharded.rounding.summed()
@@ -69,7 +70,7 @@ def _sum_split(unsharded: Unsharded) -> None:
                          device=device)
     pixels = [grad_or_zeros(patches).to(device)] if patches.requires_grad else []
     whole = not sketch.pays(sum(g.numel() for g in own))
-    summed = comm.all_reduce_sums([flags] + pixels + (own if whole else []), unsharded.split)
+    summed = comm.all_reduce_sums([flags] + pixels + (own if whole else []), unsharded.summed_over)
     flags, rest = summed[0].tolist(), summed[1:]
     unsharded.given = [bool(f) for f in flags[:-1]]
     if pixels:
@@ -132,12 +133,12 @@ def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: 
     case_loss = loss.case_loss(case, spec, {name: t.shape for name, t in out.items()}, dtype, device)
     weights = case_loss.weights
     summed = {name: sum(w) for name, w in weights.items()}
-    own_weights, own_grads, text_grads, shares = None, None, None, None
+    own_weights, own_grads, text_grads, summed_over = None, None, None, None
     kinds = own_media(plan, spec, cp_rank)  # the exact run's chunks kept to one owner
     if gradients:
         own_weights = {name: _own_weight(plan, sharded, w, cp_rank, device) for name, w in weights.items()}
         if _splits(case, own_weights, sharded, kinds, model, group):
-            shares = group  # one backward, of this rank's own share: the summed loss's gradients are the shares' sum
+            summed_over = group  # one backward, of this rank's own share: the summed loss's gradients are the shares' sum
             loss.features_loss(out, own_weights).backward()
             text_grads = case_loss.table_grads()  # the prompt's gradient is the loss weights (vdpcp.loss)
         else:
@@ -151,7 +152,7 @@ def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: 
     given = [g is not None for g in grads]
     for p in params:
         p.grad = None  # set aside: the sharded arm's gradients accumulate afresh on the same weights
-    if shares is not None:
+    if summed_over is not None:
         own_grads, grads = or_zeros(grads, params), None  # this rank's share; the sum comes after (_sum_split)
     measured = rounding.Rounding()
     clock.lap("unsharded")
@@ -167,7 +168,7 @@ def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: 
                                         kinds=kinds, share=share)
         clock.lap("exact")
     return Unsharded(batch, {n: t.detach() for n, t in out.items()}, grads, own_grads, ran.ran(), ran.index,
-                     plan, weights, sharded, measured, graph, gradients, case_loss, text_grads, given, shares)
+                     plan, weights, sharded, measured, graph, gradients, case_loss, text_grads, given, summed_over)
 
 
 def _splits(case: Case, own_weights: dict, sharded: bool, kinds, model, group) -> bool:
