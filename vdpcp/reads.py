@@ -111,8 +111,8 @@ class Index:
         self.modules.add(name)
         where = coded.nonzero().flatten()
         keys = prints(primal.detach()[where]).tolist()
-        for key, line in zip(keys, named[where].tolist()):
-            self.rows[(primal.shape[1], key)] = frozenset(r for r in line if r >= 0)
+        for key, rows in zip(keys, named_rows(named[where])):
+            self.rows[(primal.shape[1], key)] = rows
 
     def look_up(self, primal: torch.Tensor, uncoded: torch.Tensor) -> set[int]:
         """The microbatch rows that the ``uncoded`` rows of ``primal`` (a bool per row) hold, by their bytes."""
@@ -123,6 +123,28 @@ class Index:
         for key in prints(primal.detach()[where]).tolist():
             found |= self.rows.get((primal.shape[1], key), frozenset())
         return found
+
+
+def named_rows(named: torch.Tensor) -> list[frozenset[int]]:
+    """Per row of ``named`` (the microbatch row each element's code names, -1: none; every row names one at
+    least), the microbatch rows it names. A row that names one (an image's patch: nearly every row) is read off its
+    least and greatest name; only the others (a tubelet's two frames) are sorted, and just their distinct names
+    leave the device: a real-size tower's input is millions of elements, a Python int each when read whole."""
+    none = torch.iinfo(torch.int64).max
+    least = torch.where(named >= 0, named, torch.full_like(named, none)).amin(dim=1)
+    found = [frozenset((r,)) for r in least.tolist()]
+    several = (least != named.amax(dim=1)).nonzero().flatten()
+    if len(several):
+        ordered = named[several].sort(dim=1).values
+        distinct = ordered >= 0
+        distinct[:, 1:] &= ordered[:, 1:] != ordered[:, :-1]
+        at, col = distinct.nonzero().unbind(1)
+        names: dict[int, set[int]] = {}
+        for i, r in zip(several[at].tolist(), ordered[at, col].tolist()):
+            names.setdefault(i, set()).add(r)
+        for i, rows in names.items():
+            found[i] = frozenset(rows)
+    return found
 
 
 def constant(rows: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,17 @@ def test_every_rows_code_is_exact_and_decodes_after_casts(dtype):
         assert torch.equal(reads.decode(moved), rows)
 
 
+def test_each_rows_names_are_the_rows_its_elements_name():
+    """A row naming one microbatch row (an image's patch), a tubelet's two frames in any order, and elements that
+    name none among them: each row's set, as reading its elements one by one gives it."""
+    named = torch.tensor([[4, 4, 4, 4], [7, 2, 7, 2], [-1, 5, -1, 5], [3, -1, 9, 1], [0, 0, -1, -1]])
+    assert reads.named_rows(named) == [{4}, {2, 7}, {5}, {1, 3, 9}, {0}]
+    gen = torch.Generator().manual_seed(0)
+    drawn = torch.randint(-1, 5, (64, 12), generator=gen)
+    drawn[:, 0] = drawn[:, 0].clamp_min(0)  # every row names one at least, as the coded rows Index.learn keeps
+    assert reads.named_rows(drawn) == [frozenset(r for r in line if r >= 0) for line in drawn.tolist()]
+
+
 def test_zero_and_values_made_of_codes_are_no_row():
     codes = reads.code(torch.tensor([3, 200]))
     assert reads.decode(torch.stack([torch.tensor(0.0, dtype=torch.float64), codes[0] * 1.001, -codes[1]])).tolist() \
