@@ -85,9 +85,13 @@ def case_loss(case, spec, shapes: dict[str, tuple], dtype, device) -> Loss:
         weights[name] = [loss_weights(case, spec, r, shape, dtype, device, output=k) for r in range(case.cp)]
         text[name] = [text_weights(case, spec, r, shape, dtype, device, output=k) for r in range(case.cp)]
         rows = TEXT_BEFORE + shape[0] + TEXT_AFTER
-        gen = torch.Generator().manual_seed((TEXT_SEED * spec.seed + k) % 2**63)
-        tables[name] = sixteenths(torch.randn(rows, *shape[1:], generator=gen, dtype=torch.float64)).to(dtype=dtype,
-                                                                                                        device=device)
+        seed = (TEXT_SEED * spec.seed + k) % 2**63
+        gen = torch.Generator().manual_seed(seed)
+        if torch.device(device).type == "cpu":
+            table = torch.randn(rows, *shape[1:], generator=gen, dtype=torch.float64)
+        else:
+            table = _normal(seed, (rows, *shape[1:]), device)
+        tables[name] = sixteenths(table).to(dtype=dtype, device=device)
         tokens[name] = torch.randperm(rows, generator=gen).to(device)
     return Loss(weights, text, tables, tokens)
 
@@ -117,9 +121,10 @@ def features_loss(outputs: dict[str, torch.Tensor], weights: dict[str, torch.Ten
 def loss_weights(case, spec, rank: int, shape, dtype, device, output: int = 0) -> torch.Tensor:
     """W_rank at one output's vision rows: deterministic per (spec seed, CP rank, output); under zigzag, zero outside
     the rank's LM shard (every output is over the same token rows)."""
-    w = _drawn((1_000_003 * spec.seed + rank + OUTPUT_SEED_STRIDE * output) % 2**63, tuple(shape))
+    seed = (1_000_003 * spec.seed + rank + OUTPUT_SEED_STRIDE * output) % 2**63
+    w = _drawn(seed, tuple(shape)) if torch.device(device).type == "cpu" else sixteenths(_normal(seed, shape, device))
     if case.loss == "zigzag":
-        w = w * zigzag_rows(shape[0], case.cp, rank).unsqueeze(-1)
+        w = w * zigzag_rows(shape[0], case.cp, rank).to(w.device).unsqueeze(-1)
     return w.to(dtype=dtype, device=device, copy=True)  # the draw itself stays as drawn, for the next case
 
 
@@ -135,11 +140,19 @@ def text_weights(case, spec, rank: int, shape, dtype, device, output: int = 0) -
 
 @functools.lru_cache(maxsize=8)
 def _drawn(seed: int, shape: tuple) -> torch.Tensor:
-    """A float64 draw of odd sixteenths, kept for the cases after this one: the matrix runs each microbatch under
-    several splits, losses and pixel paths one after another, the same draw each time, and a real-size tower's is
-    ten million elements per CP rank, drawn serially on the host (a few of them are a few hundred MB)."""
+    """A float64 draw of odd sixteenths on the host, kept for the cases after this one: the matrix runs each
+    microbatch under several splits, losses and pixel paths one after another, the same draw each time, and the host
+    draws serially (an accelerator's ranks draw on it instead: _normal)."""
     gen = torch.Generator().manual_seed(seed)
     return sixteenths(torch.randn(shape, generator=gen, dtype=torch.float64))
+
+
+def _normal(seed: int, shape, device) -> torch.Tensor:
+    """A float64 draw on an accelerator, by its own generator: every rank of a case runs on the same kind of device,
+    so each draws the same (the host's draw of a real-size tower's weights and prompt tables, tens of millions of
+    elements, was 0.2-0.5 s of every case on each rank; the device's takes milliseconds, and none is kept)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return torch.randn(tuple(shape), generator=gen, dtype=torch.float64, device=device)
 
 
 def sixteenths(draw: torch.Tensor) -> torch.Tensor:
