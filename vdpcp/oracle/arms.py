@@ -54,8 +54,9 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
                 memory.phase("sharded peak")
     finally:
         problem = model_cache.release(model)  # its weights proven unchanged: a fingerprint of every parameter
-        _give_back(ctx)
         clock.lap("release")
+        _give_back(ctx)
+        clock.lap("give back")
     if problem:
         result.failures.append(problem)
     result.memory = memory.figures(model, unsharded)
