@@ -164,8 +164,8 @@ def preload_case_modules(impls=(), extra=()) -> None:
 
 def case_preload(impls=()) -> tuple[str, ...]:
     """RANK_PRELOAD, the implementations' own preloads, and vdpcp's own adapter modules among them (the
-    reference's tower, MCore's plan: a worker forked after a faulted case would import them in its first case). A user's module is preloaded only if it lists itself: it is theirs to say that
-    it starts no thread at import."""
+    reference's tower, MCore's plan: a worker forked after a faulted case would import them in its first case). A
+    user's module is preloaded only if it lists itself: it is theirs to say that it starts no thread at import."""
     resolved = [resolve(target) for target in impls]
     own = [type(impl).__module__ for impl in resolved if type(impl).__module__.startswith("vdpcp.")]
     return tuple(dict.fromkeys((*RANK_PRELOAD, *own, *(name for impl in resolved for name in impl.preload))))

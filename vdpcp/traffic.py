@@ -6,10 +6,10 @@ and N x the pixel memory) computes the right features, so only the traffic shows
 
 ``Copies`` counts, while it is open, every copy of host memory to a device: ``Tensor.to`` / ``.cuda`` naming a
 device, and ``copy_`` into a device tensor, from the pixels or from anything made of them on the host (a view, a
-cast, a slice, a cat, a placeholder of their dtype and device), counted in the bytes it reads there. On a machine with no accelerator, host and device are
-one memory and a move is no copy at all; there the device a ``.to`` names stands in for the accelerator (the
-stand-in): the move is counted as if it crossed, and its result is a copy of its own, as a device tensor would be, so
-that the same pixels moved again from there are not counted twice.
+cast, a slice, a cat, a placeholder of their dtype and device), counted in the bytes it reads there. On a machine
+with no accelerator, host and device are one memory and a move is no copy at all; there the device a ``.to`` names
+stands in for the accelerator (the stand-in): the move is counted as if it crossed, and its result is a copy of its
+own, as a device tensor would be, so that the same pixels moved again from there are not counted twice.
 """
 
 from __future__ import annotations

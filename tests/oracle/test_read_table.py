@@ -1,7 +1,7 @@
-"""Which rows reached each rank's tower is seen at the tower's inputs (vdpcp.reads), through ops between the pixels
-and the tower that keep tensors for backward, whose graph must stay whole for the loss's backward after; and a microbatch with no rows is not a replicated run, so a rank that
-skips its tower on one (placeholders only, on every rank) still fails the execution check, and with sharding off it
-breaks no policy."""
+"""Which rows reached each rank's tower is seen at the tower's inputs (vdpcp.reads), through ops between the pixels and
+the tower that keep tensors for backward, whose graph must stay whole for the loss's backward after; and a microbatch
+with no rows is not a replicated run, so a rank that skips its tower on one (placeholders only, on every rank) still
+fails the execution check, and with sharding off it breaks no policy."""
 
 from dataclasses import replace
 

@@ -10,8 +10,7 @@ from dataclasses import replace
 
 import torch
 
-from vdpcp import (budget, comm, gloo_collectives, load_balance, loss, model_cache, precision, reads, regrouped,
-                   rounding, traffic)
+from vdpcp import budget, comm, gloo_collectives, load_balance, loss, model_cache, precision, reads, regrouped, rounding, traffic
 from vdpcp.case import Case, RankResult
 from vdpcp.harness.turns import turn
 from vdpcp.harness.worker import setting_up

@@ -10,6 +10,7 @@ import torch
 
 from vdpcp import comm, reads
 
+
 class Execution:
     """What a model's layers really ran on: forward pre-hooks on every module that holds parameters itself, from
     construction until ``close()`` (or the end of a ``with`` block).

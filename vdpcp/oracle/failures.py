@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vdpcp.case import RankResult
 
+
 def _fail(result: RankResult, why: str | None) -> None:
     _fail_into(result.failures, why)
 

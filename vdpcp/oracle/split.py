@@ -9,6 +9,7 @@ from vdpcp import comm
 from vdpcp.case import RankResult
 from vdpcp.oracle.execution import Execution
 
+
 def _describe(result: RankResult, spec, plan, cp_rank: int) -> None:
     """What this rank encoded, for the report: the rows that really reached its tower where that was measured,
     else what the plan gives it (the whole microbatch when not sharded); placeholders as the plan says."""

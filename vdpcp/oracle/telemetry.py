@@ -10,6 +10,7 @@ import torch
 from vdpcp.case import RankResult
 from vdpcp.oracle.unsharded import Unsharded
 
+
 class Clock:
     """Seconds per phase of a case on this rank (build, unsharded, exact, sharded, gradients: their sums over ranks
     and comparison), into ``result.seconds``. On CUDA each lap waits for the device first: kernels run after the

@@ -10,9 +10,9 @@ import torch
 
 from vdpcp import comm, loss, precision, reads, regrouped, rounding, sketch, traffic
 from vdpcp.case import Case, RankResult
+from vdpcp.grads import grad_or_zeros, or_zeros
 from vdpcp.oracle.execution import Execution
 from vdpcp.oracle.weights import _deal, _own_weight, own_media
-from vdpcp.grads import grad_or_zeros, or_zeros
 from vdpcp.pixels import handed, loader_pixels, moves_pixels
 from vdpcp.protocol import OutputsError, outputs_of
 

@@ -8,6 +8,7 @@ import torch.distributed as dist
 
 from vdpcp.protocol import Ownership
 
+
 def _own_weight(plan, sharded: bool, weights, cp_rank: int, device) -> torch.Tensor | None:
     """The weights under which this rank's parameter gradients alone equal the unsharded ones: with sharding,
     the gather hands each rank the summed gradient of its own images' rows (None without a plan to say which
