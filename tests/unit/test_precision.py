@@ -227,3 +227,30 @@ def test_no_more_than_end_to_end_elements_are_laid_end_to_end_but_a_larger_tenso
     monkeypatch.setattr(precision, "END_TO_END", 7)
     pairs = [(n, torch.zeros(k), None) for n, k in [("a", 3), ("b", 4), ("c", 1), ("d", 9), ("e", 2), ("f", 5)]]
     assert [[name for name, _, _ in run] for run in precision._runs(pairs)] == [["a", "b"], ["c"], ["d"], ["e", "f"]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_close_passes_exactly_what_assert_close_passes(dtype):
+    """Pairs drawn across each dtype's tolerances (just inside, just outside, tiny values under atol), with NaN and
+    infinities among them: close() says pass where assert_close does, and never where it would raise."""
+    gen = torch.Generator().manual_seed(3)
+    rtol, atol = precision.CLOSE[dtype]
+    expected = (torch.randn(4000, generator=gen, dtype=torch.float64) * torch.logspace(-9, 2, 4000, dtype=torch.float64))
+    verdicts = set()
+    for scale in (0.5, 0.99, 1.01, 2.0):
+        for i in range(40):
+            bound = (atol + rtol * expected.abs()) * scale
+            actual = expected + bound * torch.where(torch.rand(4000, generator=gen) < 0.5, -1.0, 1.0).double()
+            if i % 4:  # one to three elements NaN or infinite in three of four pairs
+                actual[torch.randperm(4000, generator=gen)[: i % 4]] = (float("nan"), float("inf"), -float("inf"))[i % 3]
+            a, e = actual.to(dtype), expected.to(dtype)
+            try:
+                torch.testing.assert_close(a, e)
+                passes = True
+            except AssertionError:
+                passes = False
+            assert precision.close(a, e) == passes
+            verdicts.add(passes)
+    assert verdicts == {True, False}  # both verdicts reached, so the agreement means something
+    assert not precision.close(torch.zeros(3), torch.zeros(3, dtype=torch.float64))  # left to assert_close
+    assert not precision.close(torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64))
