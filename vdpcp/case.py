@@ -132,6 +132,7 @@ class RankResult:
     # Why the pixels' gradients were not compared on a case whose gradients were (vdpcp.oracle.pixel_grads): pixels
     # are data unless the implementation declares them differentiable, and a path that detaches them is not failed.
     input_grads: str = ""
+    planted: int | None = None  # elements a sized mutant moved off their values on this rank (vdpcp.mutants.sized)
 
     @property
     def ok(self) -> bool:

@@ -119,7 +119,9 @@ def rank_body(ctx, case: Case) -> RankResult:
     impl = resolve(case.impl)
     groups = layout.groups(layout.Layout(case.cp, case.dp, case.tp))
     with mutants.applied(case.mutant, impl) as subject:
-        return oracle.check(ctx, case, subject, groups)
+        result = oracle.check(ctx, case, subject, groups)
+        result.planted = mutants.planted(subject)
+        return result
 
 
 def run_case(case: Case, backend: str | None = None, timeout: float | None = None,

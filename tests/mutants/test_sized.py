@@ -32,3 +32,21 @@ def test_a_size_under_the_dtypes_spacing_is_still_planted_in_expectation(dtype, 
     moved = scaled(t, eps).double() - t.double()
     assert moved.abs().sum() > 0  # x (1 + 1e-3) in bf16 itself would round every element back
     assert (moved / t.double()).mean().item() == pytest.approx(eps, rel=0.05)  # each element x (1 + eps) on average
+
+
+def test_the_instrument_counts_the_elements_it_moved_and_only_a_sized_mutant_carries_a_count():
+    from vdpcp.impls import resolve
+    from vdpcp.mutants import applied, planted
+    from vdpcp.mutants.sized import Planted
+
+    t = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.bfloat16)
+    count = Planted()
+    assert torch.equal(scaled(t, 1e-9, count), t) and count.moved == 0  # far under bf16's spacing: nothing moved
+    scaled(t, 0.5, count)
+    assert count.moved == 4  # x 1.5: every element
+    reference = resolve("reference")
+    with applied("scale-rank-grad@1e-3", reference) as subject:
+        assert planted(subject) == 0  # nothing run yet
+    with applied("features-rolled-on-last-rank", reference) as subject:
+        assert planted(subject) is None
+    assert planted(reference) is None

@@ -4,14 +4,14 @@ that said."""
 
 import pytest
 
-from vdpcp.bench.sensitivity import _verdict, bisect, chosen
+from vdpcp.bench.sensitivity import _verdict, bisect, chosen, line
 
 
 @pytest.mark.distributed
 def test_the_unperturbed_run_says_what_the_last_ranks_exact_check_held(on_the_cpu):
     case = chosen("reference", 2, "toy", "eight-equal", "float64", "gloo")
-    verdict, failed, held = _verdict(case, timeout=None)
-    assert (verdict, failed) == ("pass", set())
+    verdict, failed, held, planted = _verdict(case, timeout=None)
+    assert (verdict, failed, planted) == ("pass", set(), None)  # no mutant, no count
     assert held.startswith("outputs, input and parameter gradients bitwise") and held.endswith("(deterministic: cpu)"), held
 
 
@@ -54,3 +54,17 @@ def test_a_subject_without_a_case_it_shards_is_said_and_a_k_matching_nothing_is_
     (error,) = capsys.readouterr().err.strip().splitlines()
     assert error == ("vdpcp bench: -k no-such-case: no plain sharded case of reference, automodel-shipped at CP 2 "
                      "(toy tower) that the implementation shards has it in its id"), error
+
+
+@pytest.mark.distributed
+def test_a_size_at_which_the_instrument_moved_no_element_is_said_to_have_planted_nothing(on_the_cpu):
+    """In bf16 an element moves with probability eps over the dtype's spacing: at 1e-9 none of a toy tower's few
+    thousand gradient elements moves (nothing planted, nothing to catch), at 1e-3 a share does; in float64 every
+    one moves at either size."""
+    case = chosen("reference", 2, "toy", "eight-equal", "bfloat16", "gloo")
+    row = bisect(case, "scale-rank-grad", timeout=None, grid=(1e-9, 1e-3))
+    assert row["planted"]["1e-09"] == 0 and row["planted"]["0.001"] > 0, row
+    assert row["smallest"]["exact"] == 1e-3 and line(row).endswith("(planted nothing at 1e-09)"), line(row)
+    wide = bisect(chosen("reference", 2, "toy", "eight-equal", "float64", "gloo"), "scale-rank-grad", timeout=None,
+                  grid=(1e-9, 1e-3))
+    assert wide["planted"]["1e-09"] == wide["planted"]["0.001"] > 0 and "planted nothing" not in line(wide), wide

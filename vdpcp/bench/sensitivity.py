@@ -112,9 +112,9 @@ def chosen(impl: str, cp: int, tower: str, match: str, dtype: str, backend):
 def bisect(case, name: str, timeout, grid: tuple[float, ...] = GRID) -> dict:
     """Per check, the smallest size on ``grid`` (ascending) it caught (a check that catches a size catches every
     larger one)."""
-    runs: dict[int, tuple[str, set[str], str]] = {}
+    runs: dict[int, tuple[str, set[str], str, int | None]] = {}
 
-    def caught(i: int) -> tuple[str, set[str], str]:
+    def caught(i: int) -> tuple[str, set[str], str, int | None]:
         if i not in runs:
             runs[i] = _verdict(case.with_(mutant=f"{name}@{grid[i]:g}"), timeout)
         return runs[i]
@@ -132,12 +132,13 @@ def bisect(case, name: str, timeout, grid: tuple[float, ...] = GRID) -> dict:
         smallest[check] = grid[hi]
     return {"impl": case.impl, "dtype": case.dtype, "tower": case.tower, "cp": case.cp, "case": case.id,
             "mutant": name, "top": top[0], "largest": grid[-1], "smallest": smallest,
-            "runs": {f"{grid[i]:g}": sorted(run[1]) for i, run in sorted(runs.items())}}
+            "runs": {f"{grid[i]:g}": sorted(run[1]) for i, run in sorted(runs.items())},
+            "planted": {f"{grid[i]:g}": run[3] for i, run in sorted(runs.items())}}
 
 
-def _verdict(case, timeout) -> tuple[str, set[str], str]:
-    """The case's verdict, the checks that failed in it, and what the exact check held on its last rank (and whether
-    that rank's backward was deterministic)."""
+def _verdict(case, timeout) -> tuple[str, set[str], str, int | None]:
+    """The case's verdict, the checks that failed in it, what the exact check held on its last rank (and whether
+    that rank's backward was deterministic), and how many elements the mutant moved (None: no rank said)."""
     import contextlib
     import io
 
@@ -147,7 +148,8 @@ def _verdict(case, timeout) -> tuple[str, set[str], str]:
         result = run_case(case, timeout=timeout)
     last = max(result.ranks, key=lambda r: r.cp_rank, default=None)
     held = f"{last.exact or 'nothing'} (deterministic: {last.deterministic or '-'})" if last else "nothing (no rank ran)"
-    return result.verdict, {check_of(f) for f in result.failures} & set(CHECKS), held
+    counts = [r.planted for r in result.ranks if r.planted is not None]
+    return result.verdict, {check_of(f) for f in result.failures} & set(CHECKS), held, sum(counts) if counts else None
 
 
 def check_of(failure: str) -> str:
@@ -161,7 +163,14 @@ def check_of(failure: str) -> str:
 def line(row: dict) -> str:
     found = "  ".join(f"{check} {_size(row['smallest'][check])}" for check in CHECKS)
     note = "" if row["top"] in ("fail", "pass") else f"  ({row['top']} at {row['largest']:g}: does not apply?)"
-    return f"{row['impl']} {row['dtype']} {row['tower']} CP {row['cp']}  {row['mutant']}:  {found}{note}"
+    return f"{row['impl']} {row['dtype']} {row['tower']} CP {row['cp']}  {row['mutant']}:  {found}{note}{_unplanted(row)}"
+
+
+def _unplanted(row: dict) -> str:
+    """The sizes at which the instrument moved no element: nothing was planted there, so nothing could be caught,
+    and a threshold just above one says how many elements moved, not how small a bug a check catches."""
+    empty = [size for size, moved in row.get("planted", {}).items() if moved == 0]
+    return f"  (planted nothing at {', '.join(empty)})" if empty else ""
 
 
 def _size(size) -> str:

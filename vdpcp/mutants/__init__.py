@@ -25,6 +25,7 @@ from vdpcp.mutants import sized  # noqa: F401
 # isort: on
 from vdpcp.mutants.interface import NOT_APPLICABLE, MutantDoesNotApply, gradient_changed
 from vdpcp.mutants.registry import MUTANTS, SIZED, Mutant, applied, generic, known, mutant
+from vdpcp.mutants.sized import planted
 
 __all__ = ["MUTANTS", "NOT_APPLICABLE", "SIZED", "Mutant", "MutantDoesNotApply", "applied", "generic",
-           "gradient_changed", "known", "mutant"]
+           "gradient_changed", "known", "mutant", "planted"]

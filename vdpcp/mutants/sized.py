@@ -12,7 +12,9 @@ non-zero rank is the one a checker that looked at rank 0 alone would miss):
   x (1 + eps) (from the implementation's plan: it does not apply to one without).
 
 They are kept apart from MUTANTS (vdpcp.mutants.registry.SIZED): the mutation hunts run the named bugs, each of which a correct check
-must catch at any size; these are instruments, caught or not according to their size.
+must catch at any size; these are instruments, caught or not according to their size. Each counts the elements it
+moved off their values on its rank (``planted``): below a dtype's spacing only a share of them moves, and at a small
+enough size, or on a small enough tensor, none does; then nothing was planted, and no check could have caught it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,29 @@ from vdpcp.protocol import MAIN_OUTPUT, outputs_of
 ROUNDING_SEED = 35  # the stochastic rounding's draws (scaled): the same bug every run
 
 
+class Planted:
+    """How many elements one case's sized mutant moved off their values on this rank (RankResult.planted)."""
+
+    def __init__(self):
+        self.moved = 0
+
+    def count(self, before, after):
+        """``after``, having counted its elements that differ from ``before``."""
+        self.moved += int((after.detach() != before.detach()).sum())
+        return after
+
+
+def planted(subject) -> int | None:
+    """The elements ``subject``'s sized mutant moved on this rank in its case; None where it carries none."""
+    found = subject.__dict__.get("planted") if isinstance(subject, _Wrapped) else None
+    return found.moved if isinstance(found, Planted) else None
+
+
+def _counted(wrapped: _Wrapped, planted: Planted) -> _Wrapped:
+    wrapped.planted = planted
+    return wrapped
+
+
 def _on_last_rank(change):
     """``change(outputs, eps)`` on the last CP rank only."""
     import torch.distributed as dist
@@ -36,9 +61,11 @@ def _on_last_rank(change):
     return apply
 
 
-def scaled(t, eps: float):
-    """``t`` x (1 + eps), by eps in expectation whatever the dtype (differentiably: ``rounded``)."""
-    return rounded(t.double() * (1 + eps), t.dtype)
+def scaled(t, eps: float, planted: Planted | None = None):
+    """``t`` x (1 + eps), by eps in expectation whatever the dtype (differentiably: ``rounded``); ``planted`` counts
+    the elements that moved."""
+    out = rounded(t.double() * (1 + eps), t.dtype)
+    return out if planted is None else planted.count(t, out)
 
 
 def rounded(exact, dtype):
@@ -62,33 +89,40 @@ def rounded(exact, dtype):
 
 @sized("scale-rank-features", "the last CP rank's copy of every gathered output is x (1 + {eps})")
 def _scale_rank_features(impl, eps: float):
-    return _Wrapped(impl, _on_last_rank(lambda outputs: {n: scaled(t, eps) for n, t in outputs.items()}))
+    planted = Planted()
+    return _counted(_Wrapped(impl, _on_last_rank(lambda outputs: {n: scaled(t, eps, planted) for n, t in outputs.items()})),
+                    planted)
 
 
 @sized("scale-rank-grad", "the gradient the last CP rank's loss hands the gather's backward is x (1 + {eps})")
 def _scale_rank_grad(impl, eps: float):
-    return _Wrapped(impl, _on_last_rank(
-        lambda outputs: {n: gradient_changed(t, lambda g: scaled(g, eps)) for n, t in outputs.items()}))
+    planted = Planted()
+    return _counted(_Wrapped(impl, _on_last_rank(
+        lambda outputs: {n: gradient_changed(t, lambda g: scaled(g, eps, planted)) for n, t in outputs.items()})), planted)
 
 
 @sized("nudge-token", "the last CP rank's first token row of the main output is off by {eps} of its 2-norm")
 def _nudge_token(impl, eps: float):
     import torch
 
+    planted = Planted()
+
     def change(outputs):
         t = outputs[MAIN_OUTPUT]
         if t.shape[0] == 0:
             return outputs
         shift = float(t[0].detach().double().norm()) * eps / math.sqrt(t[0].numel())  # eps of the row's norm in all
-        return {**outputs, MAIN_OUTPUT: torch.cat([rounded(t[:1].double() + shift, t.dtype), t[1:]])}
+        return {**outputs, MAIN_OUTPUT: torch.cat([planted.count(t[:1], rounded(t[:1].double() + shift, t.dtype)), t[1:]])}
 
-    return _Wrapped(impl, _on_last_rank(change))
+    return _counted(_Wrapped(impl, _on_last_rank(change)), planted)
 
 
 @sized("scale-image", "the first image's tokens in the last CP rank's copy of the main output are x (1 + {eps})")
 def _scale_image(impl, eps: float):
     import torch
     import torch.distributed as dist
+
+    planted = Planted()
 
     def around(subject, model, inputs, config, group):
         spec = getattr(inputs, "spec", None)
@@ -100,6 +134,6 @@ def _scale_image(impl, eps: float):
         if not config.shard_vision or _cp_rank(group) != dist.get_world_size(group) - 1:
             return outputs
         t, first = outputs[MAIN_OUTPUT], next((n for n in plan.tokens if n), 0)
-        return {**outputs, MAIN_OUTPUT: torch.cat([scaled(t[:first], eps), t[first:]])}
+        return {**outputs, MAIN_OUTPUT: torch.cat([scaled(t[:first], eps, planted), t[first:]])}
 
-    return _Wrapped(impl, around=around)
+    return _counted(_Wrapped(impl, around=around), planted)
