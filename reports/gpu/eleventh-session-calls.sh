@@ -42,3 +42,6 @@ echo "== sensitivity new $(date +%T)"; PYTHONPATH=$PWD:/tmp/site timeout 70 $S >
 echo "== sensitivity base $(date +%T)"; (cd /tmp/base && PYTHONPATH=/tmp/base:/tmp/site timeout 70 $S) > $OUT/sens-grad-base.txt 2>&1; echo "rc=$?"; tail -3 $OUT/sens-grad-base.txt
 echo "== float32 new $(date +%T)"; PYTHONPATH=$PWD:/tmp/site timeout 80 python3 -m vdpcp bench towers --cp 2 --dtype float32 --backend gloo --impl reference -k images --json $OUT/f32-new.json > $OUT/f32-new.txt 2>&1; echo "rc=$?"; tail -5 $OUT/f32-new.txt
 echo "== done $(date +%T)"
+
+# call 4, at 549ad6c (the instrument counting the elements it moved), carry [".whl"]
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1; export PYTHONPATH=$PWD:/tmp/site CUBLAS_WORKSPACE_CONFIG=:4096:8 NCCL_NVLS_ENABLE=0 VDPCP_DEVICE=cuda PYTHONUNBUFFERED=1 COLUMNS=240; nvidia-smi --query-gpu=name --format=csv,noheader; git log -1 --format=%h; timeout 110 python3 -m vdpcp bench sensitivity --tower real --cp 2 --dtype bfloat16 -k multi-image --backend gloo --impl reference --mutant scale-rank-grad scale-rank-features --grid 1e-9 1e-3 --json $OUT/sens-planted.json 2>&1 | tee $OUT/sens-planted.txt

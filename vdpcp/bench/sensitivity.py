@@ -163,14 +163,15 @@ def check_of(failure: str) -> str:
 def line(row: dict) -> str:
     found = "  ".join(f"{check} {_size(row['smallest'][check])}" for check in CHECKS)
     note = "" if row["top"] in ("fail", "pass") else f"  ({row['top']} at {row['largest']:g}: does not apply?)"
-    return f"{row['impl']} {row['dtype']} {row['tower']} CP {row['cp']}  {row['mutant']}:  {found}{note}{_unplanted(row)}"
+    return f"{row['impl']} {row['dtype']} {row['tower']} CP {row['cp']}  {row['mutant']}:  {found}{note}{_moved(row)}"
 
 
-def _unplanted(row: dict) -> str:
-    """The sizes at which the instrument moved no element: nothing was planted there, so nothing could be caught,
-    and a threshold just above one says how many elements moved, not how small a bug a check catches."""
-    empty = [size for size, moved in row.get("planted", {}).items() if moved == 0]
-    return f"  (planted nothing at {', '.join(empty)})" if empty else ""
+def _moved(row: dict) -> str:
+    """How many elements the instrument moved at each size run: where none moved, nothing was planted and nothing
+    could be caught; where a few did, a threshold just above says how many moved (and whether a later rounding kept
+    them), not how small a bug a check catches."""
+    counts = [f"{size} {moved:,}" for size, moved in row.get("planted", {}).items() if moved is not None]
+    return f"  (elements moved: {', '.join(counts)})" if counts else ""
 
 
 def _size(size) -> str:
