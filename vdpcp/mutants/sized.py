@@ -15,6 +15,8 @@ They are kept apart from MUTANTS (vdpcp.mutants.registry.SIZED): the mutation hu
 must catch at any size; these are instruments, caught or not according to their size. Each counts the elements it
 moved off their values on its rank (``planted``): below a dtype's spacing only a share of them moves, and at a small
 enough size, or on a small enough tensor, none does; then nothing was planted, and no check could have caught it.
+A moved element can still be rounded away after: a loss weight one step off, added in bf16 to the other ranks'
+weights for its row by the gather's backward, is under the spacing of the larger sum.
 """
 
 from __future__ import annotations
