@@ -149,8 +149,8 @@ def _drawn(seed: int, shape: tuple) -> torch.Tensor:
 
 def _normal(seed: int, shape, device) -> torch.Tensor:
     """A float64 draw on an accelerator, by its own generator: every rank of a case runs on the same kind of device,
-    so each draws the same (the host's draw of a real-size tower's weights and prompt tables, tens of millions of
-    elements, was 0.2-0.5 s of every case on each rank; the device's takes milliseconds, and none is kept)."""
+    so each draws the same. A real-size tower's weights and prompt tables are tens of millions of elements, which the
+    host draws serially and the device in parallel, so none is kept between cases."""
     gen = torch.Generator(device=device).manual_seed(seed)
     return torch.randn(tuple(shape), generator=gen, dtype=torch.float64, device=device)
 

@@ -19,8 +19,11 @@ import math
 
 import torch
 
-# assert_close's default rtol for the dtypes compared as norms; float64 compares element by element.
-RTOL = {torch.bfloat16: 1.6e-2, torch.float16: 1e-3, torch.float32: 1.3e-6}
+# assert_close's default (rtol, atol) for the floating dtypes, as torch documents them.
+CLOSE = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), torch.float32: (1.3e-6, 1e-5),
+         torch.float64: (1e-7, 1e-7)}
+# Its rtol for the dtypes compared as norms; float64 compares element by element.
+RTOL = {dtype: rtol for dtype, (rtol, _) in CLOSE.items() if dtype != torch.float64}
 ZERO_ROW = 1e-3
 # Parameter gradients are summed over ranks and compared in buckets of this many elements, so a 670M-parameter
 # tower never needs a second flat copy of its gradients (and a float64 one, 5.4 GB, would be the largest tensor of
@@ -63,16 +66,11 @@ def relative(actual, exact) -> float:
 # --- the comparisons -------------------------------------------------------------------------------------
 
 
-# assert_close's default (rtol, atol) for the floating dtypes, as torch documents them.
-CLOSE = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), torch.float32: (1.3e-6, 1e-5),
-         torch.float64: (1e-7, 1e-7)}
-
-
 def close(actual: torch.Tensor, expected: torch.Tensor) -> bool:
     """Whether assert_close would pass, answered by the one isclose it takes, for dense tensors of one floating dtype,
-    device and shape: its pairing and attribute checks were a third of each comparison's CPU (0.48 ms against 0.15
-    ms for a toy tower's gradients), and 3% of the CPU suite's rank time. False sends anything else, and every
-    mismatch, to assert_close itself, so its verdict and message stand."""
+    device and shape: on the passing path, which nearly every comparison takes, its pairing and attribute checks
+    cost more than the isclose itself (docs/performance.md). False sends anything else, and every mismatch, to
+    assert_close itself, so its verdict and message stand."""
     tolerances = CLOSE.get(actual.dtype)
     same = (actual.dtype, actual.device, actual.shape) == (expected.dtype, expected.device, expected.shape)
     if tolerances is None or not same or actual.layout != torch.strided or expected.layout != torch.strided:
@@ -97,8 +95,8 @@ def compare(what: str, actual: torch.Tensor, expected: torch.Tensor) -> str | No
 def compare_each(what: str, named) -> str | None:
     """compare() over (name, actual, expected) triples: why the first that differs does (named), or None. Runs of
     small ones that share a dtype, a device and their shapes are compared as one, laid end to end: the same elements
-    against the same tolerances, without a tower's dozens of small comparisons (a toy tower's parameter gradients,
-    compared one by one, were 4% of the CPU suite's matrix); only a run that fails is looked at one by one."""
+    against the same tolerances, in one comparison instead of a tower's dozens of small ones; only a run that fails
+    is looked at one by one."""
     for run in _runs(named):
         if _uniform(run) and close(_end_to_end(a for _, a, _ in run), _end_to_end(e for _, _, e in run)):
             continue

@@ -22,9 +22,10 @@ class _Wrapped:
     returns them changed; ``around`` (optional) runs the subject's encode itself instead.
     """
 
-    def __init__(self, subject, change=None, around=None, spans=()):
+    def __init__(self, subject, change=None, around=None, spans=(), planted=None):
         self._subject, self._change, self._around = subject, change, around
         self._spans = spans  # what a change patched for a span (vdpcp.mutants.collectives), closed at the case's end
+        self.planted = planted  # a sized mutant's count of the elements it moved (vdpcp.mutants.sized.Planted)
 
     def close(self) -> None:
         for span in self._spans:

@@ -44,13 +44,7 @@ class Planted:
 
 def planted(subject) -> int | None:
     """The elements ``subject``'s sized mutant moved on this rank in its case; None where it carries none."""
-    found = subject.__dict__.get("planted") if isinstance(subject, _Wrapped) else None
-    return found.moved if isinstance(found, Planted) else None
-
-
-def _counted(wrapped: _Wrapped, planted: Planted) -> _Wrapped:
-    wrapped.planted = planted
-    return wrapped
+    return subject.planted.moved if isinstance(subject, _Wrapped) and subject.planted is not None else None
 
 
 def _on_last_rank(change):
@@ -92,15 +86,16 @@ def rounded(exact, dtype):
 @sized("scale-rank-features", "the last CP rank's copy of every gathered output is x (1 + {eps})")
 def _scale_rank_features(impl, eps: float):
     planted = Planted()
-    return _counted(_Wrapped(impl, _on_last_rank(lambda outputs: {n: scaled(t, eps, planted) for n, t in outputs.items()})),
-                    planted)
+    return _Wrapped(impl, _on_last_rank(lambda outputs: {n: scaled(t, eps, planted) for n, t in outputs.items()}),
+                    planted=planted)
 
 
 @sized("scale-rank-grad", "the gradient the last CP rank's loss hands the gather's backward is x (1 + {eps})")
 def _scale_rank_grad(impl, eps: float):
     planted = Planted()
-    return _counted(_Wrapped(impl, _on_last_rank(
-        lambda outputs: {n: gradient_changed(t, lambda g: scaled(g, eps, planted)) for n, t in outputs.items()})), planted)
+    return _Wrapped(impl, _on_last_rank(
+        lambda outputs: {n: gradient_changed(t, lambda g: scaled(g, eps, planted)) for n, t in outputs.items()}),
+        planted=planted)
 
 
 @sized("nudge-token", "the last CP rank's first token row of the main output is off by {eps} of its 2-norm")
@@ -116,7 +111,7 @@ def _nudge_token(impl, eps: float):
         shift = float(t[0].detach().double().norm()) * eps / math.sqrt(t[0].numel())  # eps of the row's norm in all
         return {**outputs, MAIN_OUTPUT: torch.cat([planted.count(t[:1], rounded(t[:1].double() + shift, t.dtype)), t[1:]])}
 
-    return _counted(_Wrapped(impl, _on_last_rank(change)), planted)
+    return _Wrapped(impl, _on_last_rank(change), planted=planted)
 
 
 @sized("scale-image", "the first image's tokens in the last CP rank's copy of the main output are x (1 + {eps})")
@@ -138,4 +133,4 @@ def _scale_image(impl, eps: float):
         t, first = outputs[MAIN_OUTPUT], next((n for n in plan.tokens if n), 0)
         return {**outputs, MAIN_OUTPUT: torch.cat([scaled(t[:first], eps, planted), t[first:]])}
 
-    return _counted(_Wrapped(impl, around=around), planted)
+    return _Wrapped(impl, around=around, planted=planted)
