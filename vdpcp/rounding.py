@@ -8,8 +8,12 @@ tolerances vdpcp.precision holds each quantity to.
   about twice that apart.
 
 TF32: the arms run with the precision the caller's torch is set to (torch's default: TF32 in cuDNN convolutions,
-not in cuBLAS matmuls), since that is what training runs with; only the exact run turns it off, so its figure
-includes TF32's own rounding (the Qwen2.5-VL patch embedding is a Conv3d: 4.6e-4 in float32 on the H200).
+not in cuBLAS matmuls), since that is what training runs with. A float32 case's exact run (float64) has no TF32 to
+turn off; a bf16 case's (float32) runs its matmuls and convolutions in TF32 on CUDA (``TF32_EXACT``): 11 significant
+bits, accumulated in float32, against bf16's 8, so the exact run's own error is an eighth of the one it measures,
+and on a GPU's tensor cores rather than its float32 units. Everywhere else the exact run turns TF32 off, so a float32
+case's figure includes TF32's own rounding (the Qwen2.5-VL patch embedding is a Conv3d: 4.6e-4 in float32 on the
+H200).
 """
 
 from __future__ import annotations
@@ -29,12 +33,22 @@ from vdpcp.precision import relative, row_relative, segment_relative
 from vdpcp.protocol import Ownership, outputs_of
 
 EXACT = {torch.bfloat16: torch.float32, torch.float16: torch.float32, torch.float32: torch.float64}
+# Arm dtypes whose exact run may take TF32 on CUDA: bf16 keeps 8 significant bits, TF32 11. Not float16 (11 bits, as
+# TF32's: no finer than the run it would measure).
+TF32_EXACT = frozenset({torch.bfloat16})
+
+
+def exact_math(dtype: torch.dtype, device: torch.device):
+    """The float32 math of the exact run for arms of ``dtype`` on ``device``: TF32 where it is still finer than the
+    arms (TF32_EXACT, on CUDA), else full float32."""
+    return highest_precision(tf32=dtype in TF32_EXACT and device.type == "cuda")
 
 
 @contextmanager
-def highest_precision():
-    """float32 matmuls and convolutions in full float32 (TF32 off in cuBLAS and cuDNN) for the block, then every
-    setting as it was: the exact run must be exact whatever the caller's training stack chose.
+def highest_precision(tf32: bool = False):
+    """float32 matmuls and convolutions in full float32 (TF32 off in cuBLAS and cuDNN; with ``tf32``, on in both)
+    for the block, then every setting as it was: the exact run must be as exact as it says, whatever the caller's
+    training stack chose.
 
     torch >= 2.9 has its own switches (``fp32_precision``) beside the legacy flags, and a process that set TF32 through
     them cannot read the legacy flags (a RuntimeError: "a mix of the legacy and new APIs"), so there only the new
@@ -43,7 +57,7 @@ def highest_precision():
     if newer:
         saved = [(api, api.fp32_precision) for api in newer]
         for api in newer:
-            api.fp32_precision = "ieee"
+            api.fp32_precision = "tf32" if tf32 else "ieee"
         try:
             yield
         finally:
@@ -52,8 +66,8 @@ def highest_precision():
         return
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     saved = (matmul.allow_tf32, cudnn.allow_tf32, torch.get_float32_matmul_precision())
-    matmul.allow_tf32 = cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
+    matmul.allow_tf32 = cudnn.allow_tf32 = tf32
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
     try:
         yield
     finally:
@@ -169,7 +183,7 @@ def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weig
     outputs = {name: torch.zeros(t.shape[0], dtype=torch.float64, device=t.device) for name, t in ref_out.items()}
     own, rest, start = [None] * len(params), [None] * len(params), 0
     failed = None
-    with highest_precision(), torch.set_grad_enabled(grads):  # outputs only: no graph to keep
+    with exact_math(tower.dtype, tower.device), torch.set_grad_enabled(grads):  # outputs only: no graph to keep
         try:
             for media, sub in _media_chunks(replace(batch, patches=patches), chunk or EXACT_CHUNK, kinds):
                 first, stop = media

@@ -175,3 +175,20 @@ def test_the_row_named_is_the_one_furthest_over_its_own_bound():
     actual[1, 0] += 3.5 * (rtol * 1.0 + floor)  # 3.5 times its bound: the worst
     said = precision.compare_rows("outputs", actual.float(), expected.float(), None, "token")
     assert said.startswith("outputs: 2 of 2 tokens off; token 1: "), said
+
+
+@pytest.mark.skipif(not NEW_API, reason="torch < 2.9 has no fp32_precision (the legacy flags: tests/unit/test_precision.py)")
+@pytest.mark.parametrize("dtype, device, tf32", [(torch.bfloat16, "cuda", True), (torch.float16, "cuda", False),
+                                                 (torch.float32, "cuda", False), (torch.bfloat16, "cpu", False)])
+def test_the_exact_run_takes_tf32_only_where_it_is_finer_than_the_arms_and_on_cuda(dtype, device, tf32):
+    """A bf16 case's exact run on a GPU may run on TF32's tensor cores (11 significant bits against the arms' 8); a
+    float16 or float32 case's may not (TF32 is no finer), nor anything on the CPU, whose kernels have no TF32."""
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    saved = (matmul.fp32_precision, conv.fp32_precision)
+    try:
+        matmul.fp32_precision, conv.fp32_precision = "ieee", "tf32"  # the stack's: neither is what the run wants
+        with rounding.exact_math(dtype, torch.device(device)):
+            assert {api.fp32_precision for api in rounding._fp32_switches()} == {"tf32" if tf32 else "ieee"}
+        assert (matmul.fp32_precision, conv.fp32_precision) == ("ieee", "tf32")
+    finally:
+        matmul.fp32_precision, conv.fp32_precision = saved
