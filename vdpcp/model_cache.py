@@ -82,10 +82,14 @@ def _entry(model: torch.nn.Module) -> Entry:
 
 
 def fingerprint(model: torch.nn.Module) -> torch.Tensor:
-    """One integer per parameter and buffer: the wrapping sum of its elements' bit patterns, each hashed with its
-    position, so a changed bit changes it but by a chance of 2^-64. A plain sum of the bit patterns missed changes
-    whose deltas cancel: +1e-12 on a float64 bias of three elements left it equal for 27 of 3000 seeds (0.12
-    goes up 72058 units in the last place, two of -0.15 down 36029 each)."""
+    """One integer per parameter and buffer: each element's bit pattern times an odd weight drawn for its position
+    (_weights), summed modulo 2^64. A change to any one element always changes it (an odd weight times a non-zero
+    difference is never 0 modulo 2^64); changes to several leave it equal only where their differences times their
+    positions' weights sum to a multiple of 2^64, as a hash collides. A plain sum of the bit patterns missed changes
+    whose deltas cancel: +1e-12 on a float64 bias of three elements left it equal for 27 of 3000 seeds (0.12 goes up
+    72058 units in the last place, two of -0.15 down 36029 each). One multiply an element, against weights kept on
+    the device: hashing every element with its position took a dozen passes over a tower's weights at each release,
+    paid by every rank sharing the GPU."""
     tensors = list(_state(model).values())
     if not tensors:
         return torch.zeros(0, dtype=torch.int64)
@@ -106,7 +110,7 @@ def _batches(tensors: list[torch.Tensor]) -> list[list[int]]:
     out: list[list[int]] = []
     sizes = [t.numel() * (2 if t.is_complex() else 1) for t in tensors]  # elements hashed: a complex one's two parts
     for i, t in enumerate(tensors):
-        step = _HASH_CHUNK.get(t.device.type, _HASH_CHUNK["cuda"])
+        step = _step(t.device)
         if sizes[i] >= step:
             out.append([i])
             continue
@@ -119,8 +123,8 @@ def _batches(tensors: list[torch.Tensor]) -> list[list[int]]:
 
 
 def _batch_bits(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """_bits of each tensor, one pass over all of them: their bits end to end, each element's position counted
-    from its own tensor's start, hashed, and each tensor's sum read off the running sum (wrapping, so exact)."""
+    """_bits of each tensor, one pass over all of them: their bits end to end, each element weighted by its position
+    counted from its own tensor's start, and each tensor's sum read off the running sum (wrapping, so exact)."""
     if len(tensors) == 1:
         return [_bits(tensors[0])]
     flats = [_flat(t) for t in tensors]
@@ -129,7 +133,8 @@ def _batch_bits(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     ends = sizes.cumsum(0)
     bits = torch.cat(flats).to(torch.int64)
     where = torch.arange(bits.numel(), dtype=torch.int64, device=device) - (ends - sizes).repeat_interleave(sizes)
-    running = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), _mix(bits + where * _GOLDEN).cumsum(0)])
+    table = _weights(max(f.numel() for f in flats), device)  # each under a step: within the first span
+    running = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), _weigh(bits, table[where]).cumsum(0)])
     return list((running[ends] - running[ends - sizes]).unbind())
 
 
@@ -154,21 +159,55 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
+    """Sum over ``t``'s elements of bits x weight(position), modulo 2^64, a chunk at a time (the int64 temporaries
+    stay small). Position i's weight is _odd(i mod _SPAN), times _odd(_SPAN_SALT + i // _SPAN) past the first span:
+    one span's table serves every span, each later one scaled by an odd factor of its own, so a change moved by a
+    whole span (two rows a span apart swapped) still changes the sum."""
     flat = _flat(t)
     total = torch.zeros((), dtype=torch.int64, device=t.device)
-    step = _HASH_CHUNK.get(t.device.type, _HASH_CHUNK["cuda"])
-    for start in range(0, flat.numel(), step):  # chunks: the hash's int64 temporaries stay small
-        bits = flat[start:start + step].to(torch.int64)
-        where = torch.arange(start, start + bits.numel(), dtype=torch.int64, device=t.device)
-        total += _mix(bits + where * _GOLDEN).sum()
+    step, start = _step(t.device), 0
+    while start < flat.numel():
+        span, at = divmod(start, _SPAN)
+        stop = min(flat.numel(), start + step, (span + 1) * _SPAN)  # a chunk never crosses into the next span
+        chunk = _weigh(flat[start:stop].to(torch.int64), _weights(at + stop - start, t.device)[at:]).sum()
+        total += chunk if span == 0 else chunk * _odd(torch.tensor(_SPAN_SALT + span, device=t.device))
+        start = stop
     return total
+
+
+def _weigh(bits: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Each element's bits times its position's weight (wrapping: int64 products are exact modulo 2^64)."""
+    return bits * weights
+
+
+def _weights(n: int, device: torch.device) -> torch.Tensor:
+    """The weights of positions 0 .. n-1 (n at most _SPAN) on ``device``: drawn once and kept, grown as needed."""
+    table = _tables.get(device)
+    if table is None or table.numel() < n:
+        size = min(max(n, 2 * (0 if table is None else table.numel()), 1 << 10), _SPAN)
+        table = _tables[device] = _odd(torch.arange(size, dtype=torch.int64, device=device))
+    return table[:n]
+
+
+def _step(device: torch.device) -> int:
+    """Elements hashed at a time on ``device``: never past a span, so a run of small tensors is all in the first."""
+    return min(_HASH_CHUNK.get(device.type, _HASH_CHUNK["cuda"]), _SPAN)
 
 
 # Elements a step. On a CPU, chunks that stay in cache (a larger chunk falls out of it and is ten times slower);
 # on a GPU fewer, larger steps, each a few kernel launches.
-_HASH_CHUNK = {"cpu": 1 << 16, "cuda": 1 << 24}
+_HASH_CHUNK = {"cpu": 1 << 16, "cuda": 1 << 22}
+# Positions with a weight of their own: a GPU keeps their table (32 MB), a CPU only what its tensors reach.
+_SPAN = 1 << 22
+_SPAN_SALT = 1 << 40  # the spans' factors are drawn apart from the positions' weights
+_tables: dict[torch.device, torch.Tensor] = {}
 # splitmix64's constants as signed int64 (torch's integers are signed; its products wrap as unsigned ones would)
 _GOLDEN, _MIX1, _MIX2 = -0x61C8864680B583EB, -0x40A7B892E31B1A47, -0x6B2FB644ECCEEE15
+
+
+def _odd(i: torch.Tensor) -> torch.Tensor:
+    """A weight for each index: splitmix64 of index x the golden ratio, its lowest bit set."""
+    return _mix(i * _GOLDEN) | 1
 
 
 def _mix(z: torch.Tensor) -> torch.Tensor:

@@ -312,18 +312,40 @@ def _splitmix64_finalizer(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def test_the_fingerprint_is_the_sum_of_splitmix64_over_bits_and_position_as_documented(monkeypatch):
-    """Against a pure-Python statement of it, over two chunks: each element's bits (sign-extended) plus its index
-    times the golden-ratio constant, hashed, summed modulo 2^64."""
-    monkeypatch.setitem(model_cache._HASH_CHUNK, "cpu", 4)
+def _odd(i: int) -> int:
+    return _splitmix64_finalizer((i * 0x9E3779B97F4A7C15) & _M64) | 1
+
+
+@pytest.mark.parametrize("step", [3, 1 << 16])
+def test_the_fingerprint_is_the_sum_of_bits_times_odd_weights_by_position_as_documented(monkeypatch, step):
+    """Against a pure-Python statement of it, over three spans of four positions and chunks that straddle them
+    (3 a step): each element's bits (sign-extended) times its position's weight, splitmix64 of the position times
+    the golden-ratio constant with its lowest bit set, and past the first span times its span's own such factor,
+    summed modulo 2^64."""
+    monkeypatch.setitem(model_cache._HASH_CHUNK, "cpu", step)
+    monkeypatch.setattr(model_cache, "_SPAN", 4)
 
     def stated(bits: list[int]) -> int:
-        return sum(_splitmix64_finalizer((b + i * 0x9E3779B97F4A7C15) & _M64) for i, b in enumerate(bits)) & _M64
+        def weight(i: int) -> int:
+            span = i // 4
+            return _odd(i % 4) * (_odd(model_cache._SPAN_SALT + span) if span else 1)
 
-    values = torch.tensor([0.0, -0.0, 1.5, -2.25, 3e-300, -7.0, 0.1], dtype=torch.float64)
+        return sum(b * weight(i) for i, b in enumerate(bits)) & _M64
+
+    values = torch.tensor([0.0, -0.0, 1.5, -2.25, 3e-300, -7.0, 0.1, 2.0, -1e10], dtype=torch.float64)
     assert model_cache._bits(values).item() & _M64 == stated(values.view(torch.int64).tolist())
     halves = torch.tensor([-1.0, 2.0, -0.5], dtype=torch.bfloat16)  # 16-bit patterns, negative ones sign-extended
     assert model_cache._bits(halves).item() & _M64 == stated(halves.view(torch.int16).tolist())
+
+
+def test_two_elements_a_span_apart_swapped_change_the_fingerprint(monkeypatch):
+    """Each span reuses the first span's weights: its own factor keeps a swap of rows a span apart from cancelling."""
+    monkeypatch.setattr(model_cache, "_SPAN", 4)
+    layer = torch.nn.Linear(4, 3).double()
+    before = model_cache.fingerprint(layer)
+    with torch.no_grad():
+        layer.weight[[0, 1]] = layer.weight[[1, 0]]
+    assert not torch.equal(model_cache.fingerprint(layer), before)
 
 
 def test_every_devices_hash_step_is_a_positive_count_and_a_gpus_the_larger():
@@ -358,8 +380,8 @@ def test_the_fingerprint_hashes_small_tensors_together_as_each_alone(monkeypatch
 def test_a_run_hashed_together_is_one_device_and_at_most_a_step_a_larger_tensor_alone_in_chunks(monkeypatch):
     monkeypatch.setitem(model_cache._HASH_CHUNK, "cpu", 8)
     hashed = []
-    mix = model_cache._mix
-    monkeypatch.setattr(model_cache, "_mix", lambda z: hashed.append(z.numel()) or mix(z))
+    weigh = model_cache._weigh
+    monkeypatch.setattr(model_cache, "_weigh", lambda bits, weights: hashed.append(bits.numel()) or weigh(bits, weights))
     tensors = list(model_cache._state(_Mixed()).values())
     runs = model_cache._batches(tensors)
     assert sorted(i for run in runs for i in run) == list(range(len(tensors)))
