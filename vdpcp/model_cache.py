@@ -132,7 +132,8 @@ def _batch_bits(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     sizes = torch.tensor([f.numel() for f in flats], dtype=torch.int64, device=device)
     ends = sizes.cumsum(0)
     bits = torch.cat(flats).to(torch.int64)
-    where = torch.arange(bits.numel(), dtype=torch.int64, device=device) - (ends - sizes).repeat_interleave(sizes)
+    starts = (ends - sizes).repeat_interleave(sizes, output_size=bits.numel())  # its size given: no wait for the GPU
+    where = torch.arange(bits.numel(), dtype=torch.int64, device=device) - starts
     table = _weights(max(f.numel() for f in flats), device)  # each under a step: within the first span
     running = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), _weigh(bits, table[where]).cumsum(0)])
     return list((running[ends] - running[ends - sizes]).unbind())
@@ -162,17 +163,32 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     """Sum over ``t``'s elements of bits x weight(position), modulo 2^64, a chunk at a time (the int64 temporaries
     stay small). Position i's weight is _odd(i mod _SPAN), times _odd(_SPAN_SALT + i // _SPAN) past the first span:
     one span's table serves every span, each later one scaled by an odd factor of its own, so a change moved by a
-    whole span (two rows a span apart swapped) still changes the sum."""
-    flat = _flat(t)
-    total = torch.zeros((), dtype=torch.int64, device=t.device)
-    step, start = _step(t.device), 0
+    whole span (two rows a span apart swapped) still changes the sum. The chunks' sums are scaled and added in one
+    step at the end: a few kernels a chunk, none waiting for the device."""
+    flat, step = _flat(t), _step(t.device)
+    parts, spans, start = [], [], 0
     while start < flat.numel():
         span, at = divmod(start, _SPAN)
         stop = min(flat.numel(), start + step, (span + 1) * _SPAN)  # a chunk never crosses into the next span
-        chunk = _weigh(flat[start:stop].to(torch.int64), _weights(at + stop - start, t.device)[at:]).sum()
-        total += chunk if span == 0 else chunk * _odd(torch.tensor(_SPAN_SALT + span, device=t.device))
+        parts.append(_weigh(flat[start:stop].to(torch.int64), _weights(at + stop - start, t.device)[at:]).sum())
+        spans.append(span)
         start = stop
-    return total
+    if not parts:
+        return torch.zeros((), dtype=torch.int64, device=t.device)
+    if spans[-1] == 0:
+        return torch.stack(parts).sum()
+    factors = _span_factors(spans[-1] + 1, t.device)[torch.tensor(spans, device=t.device)]
+    return (torch.stack(parts) * factors).sum()
+
+
+def _span_factors(n: int, device: torch.device) -> torch.Tensor:
+    """Each span's factor for spans 0 .. n-1 on ``device`` (the first span's is 1), kept as _weights' table is."""
+    table = _factor_tables.get(device)
+    if table is None or table.numel() < n:
+        table = _odd(_SPAN_SALT + torch.arange(max(n, 64), dtype=torch.int64, device=device))
+        table[0] = 1
+        _factor_tables[device] = table
+    return table[:n]
 
 
 def _weigh(bits: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -201,6 +217,7 @@ _HASH_CHUNK = {"cpu": 1 << 16, "cuda": 1 << 22}
 _SPAN = 1 << 22
 _SPAN_SALT = 1 << 40  # the spans' factors are drawn apart from the positions' weights
 _tables: dict[torch.device, torch.Tensor] = {}
+_factor_tables: dict[torch.device, torch.Tensor] = {}
 # splitmix64's constants as signed int64 (torch's integers are signed; its products wrap as unsigned ones would)
 _GOLDEN, _MIX1, _MIX2 = -0x61C8864680B583EB, -0x40A7B892E31B1A47, -0x6B2FB644ECCEEE15
 
