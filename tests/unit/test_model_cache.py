@@ -336,6 +336,8 @@ def test_the_fingerprint_is_the_sum_of_bits_times_odd_weights_by_position_as_doc
     assert model_cache._bits(values).item() & _M64 == stated(values.view(torch.int64).tolist())
     halves = torch.tensor([-1.0, 2.0, -0.5], dtype=torch.bfloat16)  # 16-bit patterns, negative ones sign-extended
     assert model_cache._bits(halves).item() & _M64 == stated(halves.view(torch.int16).tolist())
+    singles = torch.tensor([0.5, -3.0, 1e-30, 7.0, -0.25, 9.5], dtype=torch.float32)  # two spans exactly
+    assert model_cache._bits(singles).item() & _M64 == stated(singles.view(torch.int32).tolist())
 
 
 def test_two_elements_a_span_apart_swapped_change_the_fingerprint(monkeypatch):
