@@ -340,6 +340,18 @@ def test_the_fingerprint_is_the_sum_of_bits_times_odd_weights_by_position_as_doc
     assert model_cache._bits(singles).item() & _M64 == stated(singles.view(torch.int32).tolist())
 
 
+def test_the_weights_table_grows_for_a_longer_tensor_and_keeps_each_positions_weight(monkeypatch):
+    """The table is drawn for the longest tensor seen so far: a longer one later grows it, and every figure is the
+    one a table drawn for the longer tensor at once gives."""
+    monkeypatch.setattr(model_cache, "_tables", {})
+    short, long = torch.randn(10, dtype=torch.float64), torch.randn(3000, dtype=torch.float64)
+    grown = [model_cache._bits(short).item(), model_cache._bits(long).item()]
+    monkeypatch.setattr(model_cache, "_tables", {})
+    at_once = [model_cache._bits(long).item(), model_cache._bits(short).item()][::-1]
+    assert grown == at_once
+    assert model_cache._tables[torch.device("cpu")].numel() >= 3000
+
+
 def test_two_elements_a_span_apart_swapped_change_the_fingerprint(monkeypatch):
     """Each span reuses the first span's weights: its own factor keeps a swap of rows a span apart from cancelling."""
     monkeypatch.setattr(model_cache, "_SPAN", 4)
