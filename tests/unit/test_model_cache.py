@@ -340,16 +340,20 @@ def test_the_fingerprint_is_the_sum_of_bits_times_odd_weights_by_position_as_doc
     assert model_cache._bits(singles).item() & _M64 == stated(singles.view(torch.int32).tolist())
 
 
-def test_the_weights_table_grows_for_a_longer_tensor_and_keeps_each_positions_weight(monkeypatch):
-    """The table is drawn for the longest tensor seen so far: a longer one later grows it, and every figure is the
-    one a table drawn for the longer tensor at once gives."""
-    monkeypatch.setattr(model_cache, "_tables", {})
+@pytest.mark.parametrize("table, span", [("_tables", None), ("_factor_tables", 1)])
+def test_a_table_grows_for_a_longer_tensor_and_keeps_each_entry(monkeypatch, table, span):
+    """The positions' weights (and, one position a span, the spans' factors: past the 64 drawn at first) are drawn
+    for the longest tensor seen so far: a longer one later grows the table, and every figure is the one a table
+    drawn for the longer tensor at once gives."""
+    if span is not None:
+        monkeypatch.setattr(model_cache, "_SPAN", span)
     short, long = torch.randn(10, dtype=torch.float64), torch.randn(3000, dtype=torch.float64)
+    monkeypatch.setattr(model_cache, table, {})
     grown = [model_cache._bits(short).item(), model_cache._bits(long).item()]
-    monkeypatch.setattr(model_cache, "_tables", {})
+    monkeypatch.setattr(model_cache, table, {})
     at_once = [model_cache._bits(long).item(), model_cache._bits(short).item()][::-1]
     assert grown == at_once
-    assert model_cache._tables[torch.device("cpu")].numel() >= 3000
+    assert getattr(model_cache, table)[torch.device("cpu")].numel() >= 3000
 
 
 def test_two_elements_a_span_apart_swapped_change_the_fingerprint(monkeypatch):
