@@ -85,11 +85,9 @@ def fingerprint(model: torch.nn.Module) -> torch.Tensor:
     """One integer per parameter and buffer: each element's bit pattern times an odd weight drawn for its position
     (_weights), summed modulo 2^64. A change to any one element always changes it (an odd weight times a non-zero
     difference is never 0 modulo 2^64); changes to several leave it equal only where their differences times their
-    positions' weights sum to a multiple of 2^64, as a hash collides. A plain sum of the bit patterns missed changes
-    whose deltas cancel: +1e-12 on a float64 bias of three elements left it equal for 27 of 3000 seeds (0.12 goes up
-    72058 units in the last place, two of -0.15 down 36029 each). One multiply an element, against weights kept on
-    the device: hashing every element with its position took a dozen passes over a tower's weights at each release,
-    paid by every rank sharing the GPU."""
+    positions' weights sum to a multiple of 2^64, as a hash collides. Weights, because a plain sum of the bit patterns
+    misses changes whose deltas cancel (+2, -1 and -1 units in the last place of three elements); one multiply an
+    element against a table kept on the device, because every rank sharing a GPU pays the release after every case."""
     tensors = list(_state(model).values())
     if not tensors:
         return torch.zeros(0, dtype=torch.int64)
@@ -103,9 +101,9 @@ def fingerprint(model: torch.nn.Module) -> torch.Tensor:
 def _batches(tensors: list[torch.Tensor]) -> list[list[int]]:
     """Indices of ``tensors`` in runs that are hashed together: on one device, up to one hash step of elements in
     all; a tensor of a step or more is a run alone (hashed in chunks). A tower's many small tensors (norms, biases)
-    then cost a few kernels in all, not a dozen each: the hash was 3.4-6.5 ms of a toy tower's release, one tensor
-    at a time, on this 2-core machine. Widths may mix in a run: laid end to end they widen to the widest, and a
-    signed integer keeps its value when it widens, so each element's bits are what they were."""
+    then cost a few kernels in all, not a few each: a toy tower's release is mostly per-kernel overhead. Widths may
+    mix in a run: laid end to end they widen to the widest, and a signed integer keeps its value when it widens, so
+    each element's bits are what they were."""
     runs: dict[torch.device, list[int]] = {}
     out: list[list[int]] = []
     sizes = [t.numel() * (2 if t.is_complex() else 1) for t in tensors]  # elements hashed: a complex one's two parts
