@@ -180,13 +180,12 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def _span_factors(n: int, device: torch.device) -> torch.Tensor:
-    """Each span's factor for spans 0 .. n-1 on ``device`` (the first span's is 1), kept as _weights' table is."""
-    table = _factor_tables.get(device)
-    if table is None or table.numel() < n:
-        table = _odd(_SPAN_SALT + torch.arange(max(n, 64), dtype=torch.int64, device=device))
-        table[0] = 1
-        _factor_tables[device] = table
-    return table[:n]
+    """Each span's factor for spans 0 .. n-1 on ``device``: the first span's 1, each later one's an odd draw of its own."""
+    return _kept(_factor_tables, n, device, _span_factor, least=64)
+
+
+def _span_factor(span: torch.Tensor) -> torch.Tensor:
+    return torch.where(span == 0, 1, _odd(_SPAN_SALT + span))
 
 
 def _weigh(bits: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -195,11 +194,19 @@ def _weigh(bits: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
 
 def _weights(n: int, device: torch.device) -> torch.Tensor:
-    """The weights of positions 0 .. n-1 (n at most _SPAN) on ``device``: drawn once and kept, grown as needed."""
-    table = _tables.get(device)
+    """The weights of positions 0 .. n-1 (n at most _SPAN) on ``device``."""
+    return _kept(_tables, n, device, _odd, least=1 << 10, most=_SPAN)
+
+
+def _kept(tables: dict, n: int, device: torch.device, draw, least: int, most: int | None = None) -> torch.Tensor:
+    """Entries 0 .. n-1 of the table ``draw`` gives for indices 0, 1, ... on ``device``, drawn once and kept in
+    ``tables``: where n is past its end it is drawn again at least twice as long (at least ``least``, at most
+    ``most`` entries), so a run of ever longer tensors redraws it a few times, not once a tensor."""
+    table = tables.get(device)
     if table is None or table.numel() < n:
-        size = min(max(n, 2 * (0 if table is None else table.numel()), 1 << 10), _SPAN)
-        table = _tables[device] = _odd(torch.arange(size, dtype=torch.int64, device=device))
+        size = max(n, 2 * (0 if table is None else table.numel()), least)
+        table = tables[device] = draw(torch.arange(size if most is None else min(size, most), dtype=torch.int64,
+                                                   device=device))
     return table[:n]
 
 
