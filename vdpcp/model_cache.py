@@ -173,6 +173,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
         start = stop
     if not parts:
         return torch.zeros((), dtype=torch.int64, device=t.device)
+    # Nearly every tensor lies within the first span, whose factor is 1: no factor table, no host-to-device copy.
     if spans[-1] == 0:
         return torch.stack(parts).sum()
     factors = _span_factors(spans[-1] + 1, t.device)[torch.tensor(spans, device=t.device)]
