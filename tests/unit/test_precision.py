@@ -1,5 +1,6 @@
 """The precision model's parts (vdpcp.precision): the exact run's switches, its chunks, and the comparisons."""
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -211,15 +212,24 @@ def test_compare_each_tells_a_pair_whose_dtype_differs_where_laying_them_end_to_
 
 
 @pytest.mark.parametrize("end_to_end", [precision.END_TO_END, 7])
-def test_max_abs_and_squared_norms_each_are_the_pairs_figures(monkeypatch, end_to_end):
+def test_max_abs_each_and_the_one_pass_figures_are_the_pairs_figures(monkeypatch, end_to_end):
     monkeypatch.setattr(precision, "END_TO_END", end_to_end)
     pairs = [(name, a, a + 0.01 * torch.randn_like(a)) for name, a, _ in _pairs(n=5)] + [
         ("odd", torch.ones(3, dtype=torch.float32), torch.zeros(3, dtype=torch.float64))]
-    assert precision.max_abs_each(pairs) == max(precision.max_abs(a, e) for _, a, e in pairs)
-    diff_sq, scale_sq = precision.squared_norms(pairs)
+    peak = max(precision.max_abs(a, e) for _, a, e in pairs)
+    assert precision.max_abs_each(pairs) == peak
+    one_pass, diff_sq, scale_sq = precision.peak_and_norms(pairs)
+    assert one_pass == peak
     assert diff_sq == pytest.approx(sum((a.double() - e).square().sum().item() for _, a, e in pairs), rel=1e-12)
     assert scale_sq == pytest.approx(sum(e.double().square().sum().item() for _, _, e in pairs), rel=1e-12)
-    assert precision.max_abs_each([]) == 0.0 and precision.squared_norms([]) == (0.0, 0.0)
+    assert precision.max_abs_each([]) == 0.0 and precision.peak_and_norms([]) == (0.0, 0.0, 0.0)
+
+
+def test_one_pass_tells_a_pair_whose_shapes_differ_as_infinitely_far_or_fails_as_the_difference_would():
+    ones, zeros = torch.ones(4, 2), torch.zeros(2, 4)
+    assert precision.peak_and_norms([("same count", ones, zeros)])[0] == math.inf
+    with pytest.raises(RuntimeError):
+        precision.peak_and_norms([("other count", ones, torch.zeros(3))])
 
 
 def test_no_more_than_end_to_end_elements_are_laid_end_to_end_but_a_larger_tensor_alone(monkeypatch):

@@ -122,11 +122,13 @@ def _check_param_grads(result, model, expected, group, extra, dtype, slack, shar
             return ((params[i][0], got, expected[i] if expected[i] is not None else torch.zeros_like(got))
                     for i, got in zip(bucket, parts))
 
-        result.param_grad_err = max(result.param_grad_err, precision.max_abs_each(pairs()))
         if low:
-            bucket_diff_sq, bucket_scale_sq = precision.squared_norms(pairs())
+            peak, bucket_diff_sq, bucket_scale_sq = precision.peak_and_norms(pairs())
             diff_sq, scale_sq = diff_sq + bucket_diff_sq, scale_sq + bucket_scale_sq
-        elif not any("param grads (summed over ranks)" in f for f in result.failures):
+        else:
+            peak = precision.max_abs_each(pairs())
+        result.param_grad_err = max(result.param_grad_err, peak)
+        if not low and not any("param grads (summed over ranks)" in f for f in result.failures):
             _fail(result, precision.compare_each("param grads (summed over ranks)", pairs()))
     if low:
         _fail(result, precision.compare_vector("param grads (summed over ranks)", diff_sq, scale_sq, dtype, slack))
@@ -176,11 +178,12 @@ def _check_rank_alone(result, model, expected, dtype, slack) -> None:
         return ((name, grad_or_zeros(p), want)
                 for (name, p), want in zip(model.named_parameters(), expected))
 
-    result.param_grad_err = max(result.param_grad_err, precision.max_abs_each(pairs()))
     if precision.low(dtype):
-        _fail(result, precision.compare_vector("param grads (this rank alone)", *precision.squared_norms(pairs()),
-                                               dtype, slack))
+        peak, diff_sq, scale_sq = precision.peak_and_norms(pairs())
+        result.param_grad_err = max(result.param_grad_err, peak)
+        _fail(result, precision.compare_vector("param grads (this rank alone)", diff_sq, scale_sq, dtype, slack))
     else:
+        result.param_grad_err = max(result.param_grad_err, precision.max_abs_each(pairs()))
         _fail(result, precision.compare_each("param grads (this rank alone)", pairs()))
 
 
