@@ -266,6 +266,12 @@ class Shared:
     ref: list | torch.Tensor | None = None
     ref_in_parts: bool = False  # ``ref`` is this rank's own share of it too, summed over the group as ``own`` is
 
+    def share_sketch(self) -> torch.Tensor | None:
+        """This rank's own share of the summed loss's gradients as a count sketch, where its part holds one (a tower
+        over sketch.WIDTH parameters whose summed gradients are the shares' sum): the summed check's expected
+        sketch is that one, drawn alike, so it need not be taken again (oracle.gradients)."""
+        return self.ref if self.ref_in_parts and isinstance(self.ref, torch.Tensor) else None
+
     def summed(self) -> Rounding:
         _raise_alike(self.share, self.failed, self.device)
         parts = list(self.outputs.values()) + ([self.input] if self.input is not None else [])

@@ -9,9 +9,10 @@ import re
 import pytest
 import torch
 
-from vdpcp import sketch
-from vdpcp.case import RankResult
+from vdpcp import precision, rounding, sketch
+from vdpcp.case import Case, RankResult
 from vdpcp.oracle import gradients
+from vdpcp.scenarios import SCENARIOS
 
 
 def _grads(rank: int):
@@ -83,3 +84,46 @@ def test_where_each_rank_holds_its_own_share_the_shares_sketches_are_summed_too(
     norm the figure's scale (an estimate, within the sketch's deviation, as the difference is)."""
     for failures in run_ranks(sketched_shares, 2, off):
         _assert_figure(failures, off, rel=5 * math.sqrt(2 / 1024))  # both norms estimated: twice the deviation
+
+
+def _summed_figure(ctx, case, reuse: bool):
+    """The summed check's sketched figure and the case's failures, with the exact run's sketch of this rank's own
+    share taken as the expected one (``reuse``) or drawn again, and how many gradient elements were sketched."""
+    from vdpcp import runner
+
+    saved = (sketch.WIDTH, precision.compare_vector, sketch.sketch, rounding.Shared.share_sketch)
+    figures, drawn = [], []
+
+    def compared(what, diff_sq, scale_sq, *rest):
+        if what == "param grads (summed over ranks)":
+            figures.append((diff_sq, scale_sq))
+        return saved[1](what, diff_sq, scale_sq, *rest)
+
+    def counted(pairs, device):
+        pairs = list(pairs)
+        drawn.append(sum(t.numel() for pair in pairs for t in pair if t is not None))
+        return saved[2](pairs, device)
+
+    sketch.WIDTH, precision.compare_vector, sketch.sketch = 1 << 12, compared, counted
+    if not reuse:
+        rounding.Shared.share_sketch = lambda self: None
+    try:
+        failures = runner.rank_body(ctx, case).failures
+    finally:  # a warm worker runs the next case with the real ones
+        sketch.WIDTH, precision.compare_vector, sketch.sketch, rounding.Shared.share_sketch = saved
+    return figures, failures, sum(drawn)
+
+
+@pytest.mark.distributed
+def test_the_summed_check_takes_the_exact_runs_sketch_of_the_own_share_and_reads_the_same_figure(run_ranks):
+    """Where the exact run is shared out and sketched each rank's own share already, the summed check's expected
+    sketch is that one: the same figure bit for bit on the CPU (the same hash, drawn on the same device), with three
+    sketches of a tower's gradients a rank where there were four (the exact run's own share and its exact
+    counterpart, the sharded gradients, the own share again)."""
+    case = Case(next(s.spec for s in SCENARIOS if s.spec.name == "three-images"), 2, dtype="bfloat16")
+    again, reused = run_ranks(_summed_figure, 2, case, False), run_ranks(_summed_figure, 2, case, True)
+    for (figures, failures, drawn), (figures_reused, failures_reused, drawn_reused) in zip(again, reused):
+        assert failures == failures_reused == [] and len(figures) == 1 and figures[0][1] > 0
+        assert figures_reused == figures
+        tower = drawn - drawn_reused  # the own share's elements, sketched once, not twice: a tower's worth
+        assert (drawn, drawn_reused) == (4 * tower, 3 * tower), (drawn, drawn_reused)

@@ -159,7 +159,10 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
         shares = _held(ref.own_grads, subject, groups.tp_rank, case.tp) if ref.grads is None else None
         texts = prompt.grads()
         extra = (_pixel_extra(batch, ref.batch, case.cp, cp_rank, owned) if pixels else []) + list(texts.values())
-        summed = _check_param_grads(result, subject, held, groups.cp, extra, dtype, ref.rounding.params, shares)
+        # At TP 1 the shares are the plain tower's gradients, which the exact run sketched already.
+        shares_sketch = ref.share_sketch if shares is not None and case.tp == 1 else None
+        summed = _check_param_grads(result, subject, held, groups.cp, extra, dtype, ref.rounding.params, shares,
+                                    shares_sketch)
         summed, summed_texts = summed[: len(summed) - len(texts)], summed[len(summed) - len(texts):]
         _check_text(result, texts, ref.loss.table_grads(cp_rank), ref.loss.tokens, "this rank alone")
         _check_text(result, dict(zip(texts, summed_texts)), ref.text_grads, ref.loss.tokens, "summed over ranks")

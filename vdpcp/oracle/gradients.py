@@ -100,17 +100,19 @@ def _compare_images(result, what: str, actual, expected, cu_seqlens, rows, slack
     return precision.compare_rows(what, a, e, slack, "image", cu_seqlens=sub_cu, names=rows)
 
 
-def _check_param_grads(result, model, expected, group, extra, dtype, slack, shares=None) -> list[torch.Tensor]:
+def _check_param_grads(result, model, expected, group, extra, dtype, slack, shares=None,
+                       shares_sketch=None) -> list[torch.Tensor]:
     """The parameter gradients summed over ``group`` against ``expected`` (one per parameter, in order; None:
     the unsharded run gives none), in buckets of precision.BUCKET elements: one collective per bucket, the first
     also carrying the ``extra`` tensors to sum (returned summed). float64 element by element (the first parameter
     off is named); below it as one vector within rtol + ``slack``. ``expected`` None: it is the sum over ``group``
-    of each rank's ``shares`` (vdpcp.oracle.unsharded._sum_split), summed as sketches."""
+    of each rank's ``shares`` (vdpcp.oracle.unsharded._sum_split), summed as sketches; ``shares_sketch``, where
+    given, is this rank's shares already sketched (vdpcp.sketch.sketch on this device, the same parameters in order)."""
     params = [(name, p) for name, p in model.named_parameters()]
     low = precision.low(dtype)
     if expected is None or (low and sketch.pays(sum(p.numel() for _, p in params))):
         return _check_sketched_param_grads(result, [p for _, p in params], expected, group, extra, dtype, slack,
-                                           shares)
+                                           shares, shares_sketch)
     diff_sq = scale_sq = 0.0
     summed_extra = None
     for bucket in _buckets([p for _, p in params]) or [[]]:
@@ -135,7 +137,8 @@ def _check_param_grads(result, model, expected, group, extra, dtype, slack, shar
     return summed_extra
 
 
-def _check_sketched_param_grads(result, params, expected, group, extra, dtype, slack, shares=None) -> list[torch.Tensor]:
+def _check_sketched_param_grads(result, params, expected, group, extra, dtype, slack, shares=None,
+                                shares_sketch=None) -> list[torch.Tensor]:
     """_check_param_grads for a tower with more parameters than vdpcp.sketch.WIDTH, below float64: the ranks sum
     count sketches of their gradients, not the gradients, so |summed - expected| is an estimate (vdpcp.sketch says
     how close) and no element-wise figure exists: ``param_grad_err`` is NaN, not measured (the report's "-").
@@ -144,7 +147,10 @@ def _check_sketched_param_grads(result, params, expected, group, extra, dtype, s
     summed_extra = comm.all_reduce_sums(extra, group) if extra else []
     device = params[0].device
     if expected is None:
-        mine, want = sketch.sketch(zip((p.grad for p in params), shares), device)
+        if shares_sketch is not None and shares_sketch.device == device:  # the hash is drawn on the device
+            mine, want = sketch.sketch(((p.grad, None) for p in params), device)[0], shares_sketch
+        else:
+            mine, want = sketch.sketch(zip((p.grad for p in params), shares), device)
         diff, want = comm.all_reduce_sum(torch.stack([mine - want, want]), group).unbind()
         diff_sq, scale_sq = diff.square().sum().item(), want.square().sum().item()
     else:
