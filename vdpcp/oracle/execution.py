@@ -29,10 +29,10 @@ class Execution:
         self.read: set[int] = set()
         self.index, self.learn = index, learn
         # Not the root: a tower's encode and project are often called apart, never through its forward.
-        self.names = [name for name, m in model.named_modules()
-                      if name and any(True for _ in m.parameters(recurse=False))]
-        self._handles = [module.register_forward_pre_hook(self._hook(name), with_kwargs=True)
-                         for name, module in model.named_modules() if name in self.names]
+        held = [(name, m) for name, m in model.named_modules()
+                if name and next(m.parameters(recurse=False), None) is not None]
+        self.names = [name for name, _ in held]
+        self._handles = [module.register_forward_pre_hook(self._hook(name), with_kwargs=True) for name, module in held]
 
     def _hook(self, name: str):
         def record(module, args, kwargs):
