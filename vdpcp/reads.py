@@ -26,6 +26,10 @@ from dataclasses import replace
 import torch
 import torch.autograd.forward_ad as fwAD
 
+from vdpcp import third_party
+
+third_party.import_forward_ad_quietly()  # before a rank zygote forks: once, not in each of its workers
+
 STEPS = 128  # codes per power of two: 1 + k/STEPS needs 7 bits of mantissa, which bfloat16 has
 PRINT_SEED = 49
 MASK = 2**62 - 1

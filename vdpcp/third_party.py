@@ -3,11 +3,14 @@
 megatron-core warns that Transformer Engine, Apex and absl are not installed (vdpcp needs none of them) and that
 an import inside its inference package will move (a deprecation of its own code, not of vdpcp's calls), and
 torch, which megatron has import its C++-extension builder, logs on a machine without CUDA that it found no
-CUDA runtime. Every rank that imports megatron printed them, and the harness echoes what ranks print as
-`[rank r]` lines into test output and check reports. Other warnings from these libraries still show.
+CUDA runtime. torch's forward-mode AD, at a process's first dual tensor, imports decompositions that torch 2.14
+scripts with its own deprecated torch.jit.script, and warns so. Every rank printed them, and the harness echoes
+what ranks print as `[rank r]` lines into test output and check reports. Other warnings from these libraries
+still show.
 """
 
 import contextlib
+import importlib
 import io
 import logging
 import sys
@@ -49,3 +52,18 @@ def import_cpp_extension_quietly() -> None:
     finally:
         sys.stderr.write("".join(line for line in printed.getvalue().splitlines(keepends=True)
                                  if not line.startswith(NO_CUDA_RUNTIME)))
+
+
+JIT_DEPRECATED = r"`torch\.jit\.script` is deprecated"
+
+
+def import_forward_ad_quietly() -> None:
+    """Import what forward-mode AD imports at a process's first make_dual (vdpcp.reads makes dual tensors in every
+    arm), with torch's warning that its own use of torch.jit.script is deprecated dropped. Done where vdpcp.reads is
+    imported, so the rank zygote that preloads vdpcp pays it once (0.12 s of CPU), where each forked worker paid
+    0.17 s at its first coded case and echoed the warning. A private module of torch's: where it has moved,
+    make_dual finds it itself."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=JIT_DEPRECATED, category=FutureWarning)
+        with contextlib.suppress(ImportError):
+            importlib.import_module("torch._decomp.decompositions_for_jvp")
