@@ -127,3 +127,14 @@ def test_the_summed_check_takes_the_exact_runs_sketch_of_the_own_share_and_reads
         assert figures_reused == figures
         tower = drawn - drawn_reused  # the own share's elements, sketched once, not twice: a tower's worth
         assert (drawn, drawn_reused) == (4 * tower, 3 * tower), (drawn, drawn_reused)
+
+
+@pytest.mark.distributed
+def test_under_tensor_parallelism_the_summed_check_draws_the_shares_sketch_itself(run_ranks):
+    """At TP 2 a rank holds parts of the tower's parameters, whose sketch hashes other elements than the exact run's
+    sketch of the whole tower: the summed check draws its own, and a correct case passes with the same figures."""
+    case = Case(next(s.spec for s in SCENARIOS if s.spec.name == "three-images"), 2, dtype="bfloat16").with_(tp=2)
+    again, reused = (run_ranks(_summed_figure, case.world_size, case, reuse) for reuse in (False, True))
+    for (figures, failures, _), (figures_reused, failures_reused, _) in zip(again, reused):
+        assert failures == failures_reused == [] and len(figures) == 1
+        assert figures_reused == figures

@@ -220,6 +220,9 @@ def test_max_abs_each_and_the_one_pass_figures_are_the_pairs_figures(monkeypatch
     assert precision.max_abs_each(pairs) == peak
     one_pass, diff_sq, scale_sq = precision.peak_and_norms(pairs)
     assert one_pass == peak
+    alike = pairs[:-1]  # without the pair of two dtypes, whose 1.0 would be the peak of any run
+    assert precision.max_abs_each(alike) == precision.peak_and_norms(alike)[0] == max(
+        precision.max_abs(a, e) for _, a, e in alike) < 1
     assert diff_sq == pytest.approx(sum((a.double() - e).square().sum().item() for _, a, e in pairs), rel=1e-12)
     assert scale_sq == pytest.approx(sum(e.double().square().sum().item() for _, _, e in pairs), rel=1e-12)
     assert precision.max_abs_each([]) == 0.0 and precision.peak_and_norms([]) == (0.0, 0.0, 0.0)
