@@ -20,6 +20,7 @@ matches counts as read by no one.
 from __future__ import annotations
 
 import math
+import warnings
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -27,8 +28,6 @@ import torch
 import torch.autograd.forward_ad as fwAD
 
 from vdpcp import third_party
-
-third_party.import_forward_ad_quietly()  # before a rank zygote forks: once, not in each of its workers
 
 STEPS = 128  # codes per power of two: 1 + k/STEPS needs 7 bits of mantissa, which bfloat16 has
 PRINT_SEED = 49
@@ -176,3 +175,18 @@ def seen(module: torch.nn.Module, name: str, tensor: torch.Tensor, index: Index 
     elif look:
         read |= index.look_up(rows, ~(named >= 0).any(dim=1))
     return primal, read
+
+
+def _warm_forward_ad() -> None:
+    """One dual tensor, made and dropped: forward-mode AD loads what it needs at a process's first (torch 2.6 to
+    2.14: decompositions it scripts, 0.17 s of CPU), so a rank zygote that preloads vdpcp (its runner imports this
+    module) pays that once, 0.12 s, where each worker forked from it paid it at its first coded case; a worker's
+    first dual tensor then costs 5 ms. torch 2.14's notice that its own torch.jit.script use is deprecated, which
+    every rank echoed, is dropped."""
+    with warnings.catch_warnings():
+        third_party.ignore_jit_deprecation()
+        with fwAD.dual_level():
+            fwAD.make_dual(torch.zeros(()), torch.zeros(()))
+
+
+_warm_forward_ad()

@@ -10,7 +10,6 @@ still show.
 """
 
 import contextlib
-import importlib
 import io
 import logging
 import sys
@@ -54,16 +53,10 @@ def import_cpp_extension_quietly() -> None:
                                  if not line.startswith(NO_CUDA_RUNTIME)))
 
 
+# torch 2.14's warning, at a process's first dual tensor, that its own use of torch.jit.script is deprecated
 JIT_DEPRECATED = r"`torch\.jit\.script` is deprecated"
 
 
-def import_forward_ad_quietly() -> None:
-    """Import what forward-mode AD imports at a process's first make_dual (vdpcp.reads makes dual tensors in every
-    arm), with torch's warning that its own use of torch.jit.script is deprecated dropped. Done where vdpcp.reads is
-    imported, so the rank zygote that preloads vdpcp pays it once (0.12 s of CPU), where each forked worker paid
-    0.17 s at its first coded case and echoed the warning. A private module of torch's: where it has moved,
-    make_dual finds it itself."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=JIT_DEPRECATED, category=FutureWarning)
-        with contextlib.suppress(ImportError):
-            importlib.import_module("torch._decomp.decompositions_for_jvp")
+def ignore_jit_deprecation() -> None:
+    """Inside a warnings.catch_warnings() block: drop JIT_DEPRECATED (vdpcp.reads warms forward-mode AD under it)."""
+    warnings.filterwarnings("ignore", message=JIT_DEPRECATED, category=FutureWarning)
