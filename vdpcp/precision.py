@@ -123,12 +123,13 @@ def peak_and_norms(named) -> tuple[float, float, float]:
     expected) triples, in one pass: a real-size tower's gradients read once in float64, not once per figure."""
     peaks, diffs, scales = [], [], []
     for run in _runs(named):
-        if not _uniform(run):  # a pair whose shapes differ is inf, before its difference could be taken
+        uniform = _uniform(run)
+        if not uniform:  # a pair whose shapes differ is inf, before its difference could be taken
             peaks.append(read_once([_peak(a, e) for _, a, e in run], max))
         a = torch.cat([t.detach().double().reshape(-1) for _, t, _ in run])
         e = torch.cat([t.detach().double().reshape(-1).to(a.device) for _, _, t in run])
         diff = a - e
-        if _uniform(run):
+        if uniform:
             peaks.append(diff.abs().max() if diff.numel() else 0.0)
         diffs.append(diff.square().sum())
         scales.append(e.square().sum())

@@ -179,10 +179,10 @@ def seen(module: torch.nn.Module, name: str, tensor: torch.Tensor, index: Index 
 
 def _warm_forward_ad() -> None:
     """One dual tensor, made and dropped: forward-mode AD loads what it needs at a process's first (torch 2.6 to
-    2.14: decompositions it scripts, 0.17 s of CPU), so a rank zygote that preloads vdpcp (its runner imports this
-    module) pays that once, 0.12 s, where each worker forked from it paid it at its first coded case; a worker's
-    first dual tensor then costs 5 ms. torch 2.14's notice that its own torch.jit.script use is deprecated, which
-    every rank echoed, is dropped."""
+    2.14: decompositions it scripts), so a rank zygote that preloads vdpcp (its runner imports this module) pays
+    that once, where each worker forked from it paid it at its first coded case (docs/performance.md has the
+    figures). torch 2.14's notice that its own torch.jit.script use is deprecated, which every rank echoed, is
+    dropped."""
     with warnings.catch_warnings():
         third_party.ignore_jit_deprecation()
         with fwAD.dual_level():
