@@ -231,8 +231,31 @@ def test_max_abs_each_and_the_one_pass_figures_are_the_pairs_figures(monkeypatch
 def test_one_pass_tells_a_pair_whose_shapes_differ_as_infinitely_far_or_fails_as_the_difference_would():
     ones, zeros = torch.ones(4, 2), torch.zeros(2, 4)
     assert precision.peak_and_norms([("same count", ones, zeros)])[0] == math.inf
+    assert precision.max_abs_each([("same count", ones, zeros)]) == math.inf  # never laid end to end, as equals
     with pytest.raises(RuntimeError):
         precision.peak_and_norms([("other count", ones, torch.zeros(3))])
+
+
+def test_a_parameter_with_no_elements_is_no_error_at_all():
+    empty = [("empty", torch.zeros(0), torch.zeros(0))]
+    assert precision.max_abs_each(empty) == 0.0 and precision.peak_and_norms(empty) == (0.0, 0.0, 0.0)
+    assert precision._peak(torch.zeros(0, 3), torch.zeros(0, 3)) == 0.0
+
+
+def test_a_run_is_laid_end_to_end_only_where_every_pair_shares_one_dtype_device_and_shape():
+    a = torch.ones(3)
+    assert precision._uniform([("p", a, a), ("q", a.clone(), a.clone())])
+    assert not precision._uniform([("p", a, a), ("q", a.double(), a.double())])  # dtypes of two pairs
+    assert not precision._uniform([("p", a, a.double())])  # the two sides of one pair
+    assert not precision._uniform([("p", a, a.reshape(3, 1))])
+    assert not precision._uniform([("p", a, a), ("q", a.to("meta"), a.to("meta"))])  # devices of two pairs
+    assert not precision._uniform([("p", a, a.to("meta"))])  # the two sides of one pair
+
+
+def test_close_hands_a_tensor_of_another_layout_to_assert_close():
+    dense = torch.eye(3)
+    assert precision.close(dense, dense.clone())
+    assert not precision.close(dense.to_sparse(), dense) and not precision.close(dense, dense.to_sparse())
 
 
 def test_no_more_than_end_to_end_elements_are_laid_end_to_end_but_a_larger_tensor_alone(monkeypatch):
