@@ -124,6 +124,15 @@ class Rounding:
     input: torch.Tensor | None = None  # per microbatch row (image or frame); None where pixels are data
     params: float = 0.0  # the parameter gradients under the summed loss
     own_params: float = 0.0  # this rank's own share of them (the rank-alone check)
+    # this rank's own share of the summed loss's gradients as the shared exact run sketched them (Shared.share_sketch)
+    share_sketch: torch.Tensor | None = None
+
+    def own_share_sketch(self, tp: int, device) -> torch.Tensor | None:
+        """``share_sketch`` where the summed check may take it as its expected sketch of this rank's own share: at TP 1
+        (a TP rank holds parts of the parameters, which the whole tower's sketch hashed otherwise) and drawn on
+        ``device`` (the hash is drawn on the device the gradients are on). None: the check draws its own."""
+        sketched = self.share_sketch
+        return sketched if tp == 1 and sketched is not None and sketched.device == torch.device(device) else None
 
 
 @dataclass(frozen=True)
@@ -290,7 +299,7 @@ class Shared:
             n = len(self.own)
             total = comm.all_reduce_sums(self.own + (self.ref if self.ref_in_parts else []), self.share.group)
             params = relative(total[n:] if self.ref_in_parts else self.ref, total[:n])
-        return Rounding(outputs, pixels, 2 * params, self.own_figure)
+        return Rounding(outputs, pixels, 2 * params, self.own_figure, self.share_sketch())
 
 
 def _raise_alike(share: Share, failed: Exception | None, device) -> None:

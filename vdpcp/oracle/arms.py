@@ -159,8 +159,7 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
         shares = _held(ref.own_grads, subject, groups.tp_rank, case.tp) if ref.grads is None else None
         texts = prompt.grads()
         extra = (_pixel_extra(batch, ref.batch, case.cp, cp_rank, owned) if pixels else []) + list(texts.values())
-        # At TP 1 the shares are the plain tower's gradients, which the exact run sketched already.
-        shares_sketch = ref.share_sketch if shares is not None and case.tp == 1 else None
+        shares_sketch = ref.rounding.own_share_sketch(case.tp, device) if shares is not None else None
         summed = _check_param_grads(result, subject, held, groups.cp, extra, dtype, ref.rounding.params, shares,
                                     shares_sketch)
         summed, summed_texts = summed[: len(summed) - len(texts)], summed[len(summed) - len(texts):]

@@ -107,7 +107,8 @@ def _check_param_grads(result, model, expected, group, extra, dtype, slack, shar
     also carrying the ``extra`` tensors to sum (returned summed). float64 element by element (the first parameter
     off is named); below it as one vector within rtol + ``slack``. ``expected`` None: it is the sum over ``group``
     of each rank's ``shares`` (vdpcp.oracle.unsharded._sum_split), summed as sketches; ``shares_sketch``, where
-    given, is this rank's shares already sketched (vdpcp.sketch.sketch on this device, the same parameters in order)."""
+    given, is this rank's shares already sketched, on this device and over the same parameters in order
+    (rounding.Rounding.own_share_sketch)."""
     params = [(name, p) for name, p in model.named_parameters()]
     low = precision.low(dtype)
     if expected is None or (low and sketch.pays(sum(p.numel() for _, p in params))):
@@ -147,7 +148,7 @@ def _check_sketched_param_grads(result, params, expected, group, extra, dtype, s
     summed_extra = comm.all_reduce_sums(extra, group) if extra else []
     device = params[0].device
     if expected is None:
-        if shares_sketch is not None and shares_sketch.device == device:  # the hash is drawn on the device
+        if shares_sketch is not None:
             mine, want = sketch.sketch(((p.grad, None) for p in params), device)[0], shares_sketch
         else:
             mine, want = sketch.sketch(zip((p.grad for p in params), shares), device)

@@ -44,7 +44,6 @@ class Unsharded:
     given: list[bool] | None = None  # which parameters the summed loss gives a gradient
     summed_over: object = None  # the CP group whose ranks' own shares sum to the summed loss's gradients (_sum_split)
     host_copies: int | None = None  # bytes of host pixels its encode copied to the device (vdpcp.traffic)
-    share_sketch: torch.Tensor | None = None  # ``own_grads`` as the shared exact run sketched them (Shared.share_sketch)
 
 
 def _sum_shared(unsharded: Unsharded | None) -> None:
@@ -57,7 +56,6 @@ def _sum_shared(unsharded: Unsharded | None) -> None:
         if unsharded.summed_over is not None:
             _sum_split(unsharded)
         if isinstance(unsharded.rounding, rounding.Shared):
-            unsharded.share_sketch = unsharded.rounding.share_sketch()
             unsharded.rounding = unsharded.rounding.summed()
 
 
