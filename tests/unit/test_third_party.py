@@ -1,6 +1,8 @@
 """Third-party import notices are silenced precisely: the known messages, from their library, nothing else."""
 
 import logging
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -74,22 +76,15 @@ assert isinstance(sys.modules["torch.utils.cpp_extension"].__spec__.loader, Load
 def test_a_quiet_import_of_torchs_cpp_extension_drops_the_no_cuda_notice_and_nothing_else():
     """torch 2.6 prints the notice when the module is first imported (later versions log it): a stand-in module,
     in a fresh interpreter, prints it and a line of its own."""
-    import subprocess
-    import sys
-
     run = subprocess.run([sys.executable, "-c", STAND_IN], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stderr == "another notice\n"
-
 
 
 def test_vdpcps_reads_warm_forward_mode_ad_at_import_with_torchs_jit_notice_dropped():
     """A fresh interpreter that imports vdpcp.reads (as the rank zygote does, through vdpcp.runner) has what
     forward-mode AD loads at a first dual tensor already loaded, so workers forked from it do not load it each,
     and printed no notice of torch's own deprecated torch.jit.script use, with every warning shown."""
-    import subprocess
-    import sys
-
     code = "import sys, vdpcp.reads; print('torch._decomp.decompositions_for_jvp' in sys.modules)"
     run = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
