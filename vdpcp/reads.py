@@ -99,11 +99,25 @@ def prints(rows: torch.Tensor) -> torch.Tensor:
 class Index:
     """The unsharded arm's tower-input rows by their bytes -> the microbatch rows their codes named, and the modules
     that took them: where a tower input carries no code (a detached or inference-mode copy), its rows are looked up
-    here, at those modules only."""
+    here, at those modules only.
+
+    ``learn`` keeps each input's prints and names on the device; they are read into ``rows`` (a Python dict, one
+    entry per row) only when something is looked up or read: nearly every case's sharded arm carries its codes, and
+    a real-size tower's input is tens of thousands of rows."""
 
     def __init__(self):
-        self.rows: dict[tuple[int, int], frozenset[int]] = {}  # (row width, print) -> microbatch rows
+        self._rows: dict[tuple[int, int], frozenset[int]] = {}  # (row width, print) -> microbatch rows
+        self._learnt: list[tuple[int, torch.Tensor, tuple]] = []  # (row width, prints, _names'), in learn order
         self.modules: set[str] = set()
+
+    @property
+    def rows(self) -> dict[tuple[int, int], frozenset[int]]:
+        """(row width, print) -> the microbatch rows it names; where two rows print alike, the later learnt wins."""
+        for width, keys, names in self._learnt:
+            for key, rows in zip(keys.tolist(), _as_sets(*names)):
+                self._rows[(width, key)] = rows
+        self._learnt.clear()
+        return self._rows
 
     def learn(self, name: str, primal: torch.Tensor, named: torch.Tensor) -> None:
         """``primal``: [rows, width] tower-input rows; ``named``: [rows, width] the microbatch row each element's
@@ -113,9 +127,7 @@ class Index:
             return
         self.modules.add(name)
         where = coded.nonzero().flatten()
-        keys = prints(primal.detach()[where]).tolist()
-        for key, rows in zip(keys, named_rows(named[where])):
-            self.rows[(primal.shape[1], key)] = rows
+        self._learnt.append((primal.shape[1], prints(primal.detach()[where]), _names(named[where])))
 
     def look_up(self, primal: torch.Tensor, uncoded: torch.Tensor) -> set[int]:
         """The microbatch rows that the ``uncoded`` rows of ``primal`` (a bool per row) hold, by their bytes."""
@@ -133,20 +145,30 @@ def named_rows(named: torch.Tensor) -> list[frozenset[int]]:
     least), the microbatch rows it names. A row that names one (an image's patch: nearly every row) is read off its
     least and greatest name; only the others (a tubelet's two frames) are sorted, and just their distinct names
     leave the device: a real-size tower's input is millions of elements, a Python int each when read whole."""
+    return _as_sets(*_names(named))
+
+
+def _names(named: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """named_rows' work on the device, in a row or so of integers per row: each row's least name, and for the rows
+    that name several, (row, name) pairs of their distinct names."""
     none = torch.iinfo(torch.int64).max
     least = torch.where(named >= 0, named, torch.full_like(named, none)).amin(dim=1)
-    found = [frozenset((r,)) for r in least.tolist()]
     several = (least != named.amax(dim=1)).nonzero().flatten()
-    if len(several):
-        ordered = named[several].sort(dim=1).values
-        distinct = ordered >= 0
-        distinct[:, 1:] &= ordered[:, 1:] != ordered[:, :-1]
-        at, col = distinct.nonzero().unbind(1)
-        names: dict[int, set[int]] = {}
-        for i, r in zip(several[at].tolist(), ordered[at, col].tolist()):
-            names.setdefault(i, set()).add(r)
-        for i, rows in names.items():
-            found[i] = frozenset(rows)
+    ordered = named[several].sort(dim=1).values
+    distinct = ordered >= 0
+    distinct[:, 1:] &= ordered[:, 1:] != ordered[:, :-1]
+    at, col = distinct.nonzero().unbind(1)
+    return least, several[at], ordered[at, col]
+
+
+def _as_sets(least: torch.Tensor, rows: torch.Tensor, names: torch.Tensor) -> list[frozenset[int]]:
+    """named_rows' sets from _names' integers, read off the device."""
+    found = [frozenset((r,)) for r in least.tolist()]
+    several: dict[int, set[int]] = {}
+    for i, r in zip(rows.tolist(), names.tolist()):
+        several.setdefault(i, set()).add(r)
+    for i, rows_named in several.items():
+        found[i] = frozenset(rows_named)
     return found
 
 
