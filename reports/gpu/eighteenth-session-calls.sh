@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Eighteenth session's device calls. Six H200 calls (needs_h200, `REAL_S=545 scripts/gpu-record.sh --out $OUT real`,
-# later with 530 and 520) started no machine: two before the H100 calls below, four after. The two calls on one
+# Eighteenth session's device calls. Seven H200 calls (needs_h200, `REAL_S=545 scripts/gpu-record.sh --out $OUT real`,
+# later with 530, 520 and 500) started no machine: two before the H100 calls below, five after. The two calls on one
 # H100 80GB, the machine warm between them, carry [".whl", "scratch"], from the working tree at 1683ba1 (312d4a0's
 # docs aside). scratch/noturns was a copy of vdpcp/ with one line changed, in vdpcp/oracle/arms.py:
 #   TURNS_ABOVE = 0.8 * 139.8 / 79.19  # scratch: an H200's turn decisions on an H100
