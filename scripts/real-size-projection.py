@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What a `vdpcp bench towers --json` record says about issue 51's real-size targets, by arithmetic on its figures
+"""What a `vdpcp bench towers --json` record says about the real-size targets, by arithmetic on its figures
 (no run): where the time went (each phase of rank 0, summed), what the cases whose ranks took turns for the
 unsharded arm cost (vdpcp.oracle.arms._turns: a shared GPU without room for every rank's unsharded arm at once),
 and what the CP 2 median and the whole selection would be if rank 0's unsharded phase were cut by a share, as
@@ -15,10 +15,11 @@ import collections
 import json
 import statistics
 import sys
+from pathlib import Path
 
 
 def main(path: str) -> None:
-    record = json.load(open(path))
+    record = json.loads(Path(path).read_text())
     cases = [c for c in record["cases"] if c.get("ranks")]
     phases = collections.Counter()
     for case in cases:

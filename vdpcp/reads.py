@@ -132,11 +132,12 @@ class Index:
     def look_up(self, primal: torch.Tensor, uncoded: torch.Tensor) -> set[int]:
         """The microbatch rows that the ``uncoded`` rows of ``primal`` (a bool per row) hold, by their bytes."""
         where = (uncoded & ~constant(primal)).nonzero().flatten()
-        if not len(where) or not self.rows:
+        known = self.rows  # read in once, not per row
+        if not len(where) or not known:
             return set()
         found: set[int] = set()
         for key in prints(primal.detach()[where]).tolist():
-            found |= self.rows.get((primal.shape[1], key), frozenset())
+            found |= known.get((primal.shape[1], key), frozenset())
         return found
 
 
