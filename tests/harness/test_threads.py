@@ -1,5 +1,6 @@
-"""A preload that starts a thread: the zygote refuses it unless the thread's name is tolerated, and forkcheck says
-which statement started it and whether children forked after it still work."""
+"""A preload that starts a thread: the zygote never forks past it (unless the thread's name is tolerated), the
+workers import it after the fork instead and the cases run, and forkcheck says which statement started it and
+whether children forked after it still work."""
 
 import json
 import os
@@ -12,7 +13,7 @@ import pytest
 
 from vdpcp.harness import config
 from vdpcp.harness.outcome import OK
-from vdpcp.harness.pool import WorkerPool
+from vdpcp.harness.pool import Deferred, WorkerPool
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,16 +46,44 @@ def has_driver(ctx):
     return "fake_driver" in sys.modules
 
 
-def test_the_zygote_refuses_a_preload_that_starts_a_thread_unless_its_name_is_tolerated(driver_module):
+def test_a_preload_that_starts_a_thread_is_imported_after_the_fork_and_said_once(driver_module, capfd):
     pool = WorkerPool()
     try:
-        with pytest.raises(RuntimeError, match=r"2 threads \(fakedrv00042 besides the main one\); forking it would be unsafe"):
-            pool.run(pickle.dumps((has_driver, (), {})), 1, "gloo", timeout=60, preload=("fake_driver",))
+        first = pool.run(pickle.dumps((has_driver, (), {})), 2, "gloo", timeout=60, preload=("fake_driver",))
+        again = pool.run(pickle.dumps((has_driver, (), {})), 2, "gloo", timeout=60, preload=("fake_driver",))
+    finally:
+        pool.shutdown()
+    assert [(o.kind, o.value) for o in first + again] == [(OK, True)] * 4  # every worker imported it itself
+    [deferred] = pool.deferred.values()
+    assert (deferred.module, deferred.why) == ("fake_driver", "it leaves 1 thread(s) besides the main one (fakedrv00042)")
+    assert capfd.readouterr().err.count("vdpcp harness: importing fake_driver makes forking unsafe") == 1
+
+
+def test_a_tolerated_thread_is_forked_past(driver_module):
+    pool = WorkerPool()
+    try:
         outcomes = pool.run(pickle.dumps((has_driver, (), {})), 2, "gloo", timeout=60, preload=("fake_driver",),
                             tolerate_threads=("fakedrv",))
     finally:
         pool.shutdown()
     assert [(o.kind, o.value) for o in outcomes] == [(OK, True), (OK, True)]
+    assert pool.deferred == {}
+
+
+def has_torch(ctx):
+    return "torch" in sys.modules
+
+
+def test_where_torch_itself_is_unsafe_to_fork_past_the_workers_import_it(monkeypatch):
+    pool = WorkerPool()
+    pool.deferred["torch", ()] = Deferred("torch", "stand-in", 0.0)  # as if importing torch had started a thread
+    try:
+        outcomes = pool.run(pickle.dumps((has_torch, (), {})), 2, "gloo", timeout=60, preload=("xml.dom.minidom",))
+        zygote_argv = pool._zygote.process.args
+    finally:
+        pool.shutdown()
+    assert [(o.kind, o.value) for o in outcomes] == [(OK, True), (OK, True)]
+    assert "--after-fork=torch,xml.dom.minidom" in zygote_argv and not any(a.startswith("--preload") for a in zygote_argv)
 
 
 def test_forkcheck_names_the_statement_that_started_the_thread_and_forks_past_it(driver_module):
@@ -70,20 +99,30 @@ def test_forkcheck_names_the_statement_that_started_the_thread_and_forks_past_it
     assert {name: child["ok"] for name, child in report["children"].items()} == {"tensor op #1": True, "gloo pair": True}
 
 
-def test_where_gpus_are_seen_the_zygote_refuses_a_preload_after_which_children_cannot_use_cuda(tmp_path, monkeypatch):
+def test_where_gpus_are_seen_a_preload_after_which_children_cannot_use_cuda_is_imported_after_the_fork(tmp_path,
+                                                                                                       monkeypatch):
     # Counting devices through the CUDA runtime registers torch's fork handler: every child forked later is marked a
     # bad fork and raises at its first CUDA use (so on CPU too, where it is harmless). torch.cuda.is_available() does
-    # that only where NVML is missing (this CPU machine); where a driver answers NVML it asks NVML and the preload
-    # was kept (measured on the H200), so the preload calls the runtime's count itself, as is_available falls back to.
+    # that only where NVML is missing; where a driver answers NVML it asks NVML and the preload is kept, so the
+    # preload calls the runtime's count itself, as is_available falls back to.
     (tmp_path / "counts_devices.py").write_text("import torch\n\ntorch._C._cuda_getDeviceCount()\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(tmp_path), os.environ.get("PYTHONPATH")))))
     monkeypatch.setattr(config, "cuda_device_count", lambda: 1)  # as the caller on a GPU machine sees it
+    # Without NVML (this CPU machine) torch's own import counts them so, and torch is the one imported after the fork.
     pool = WorkerPool()
     try:
-        with pytest.raises(RuntimeError, match="a forked child cannot initialise CUDA .* PYTORCH_NVML_BASED_CUDA_CHECK=1"):
-            pool.run(pickle.dumps((has_driver, (), {})), 1, "gloo", timeout=60, preload=("counts_devices",))
+        outcomes = pool.run(pickle.dumps((has_module, ("counts_devices",), {})), 1, "gloo", timeout=60,
+                            preload=("counts_devices",))
+        after_fork = next(a for a in pool._zygote.process.args if a.startswith("--after-fork="))
     finally:
         pool.shutdown()
+    assert [(o.kind, o.value) for o in outcomes] == [(OK, True)]
+    assert "counts_devices" in after_fork.removeprefix("--after-fork=").split(",")
+    assert all("PYTORCH_NVML_BASED_CUDA_CHECK=1" in deferred.why for deferred in pool.deferred.values())
+
+
+def has_module(ctx, name):
+    return name in sys.modules
 
 
 # Without a driver (no NVML) torch counts devices through the CUDA runtime even under the NVML-based check, and the

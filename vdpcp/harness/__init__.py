@@ -28,7 +28,8 @@ about vision.
 from vdpcp.harness.config import configure
 from vdpcp.harness.context import RankContext
 from vdpcp.harness.errors import BackendUnavailable, RankFailure
-from vdpcp.harness.run import run_ranks, shutdown
+from vdpcp.harness.run import deferred_imports, run_ranks, shutdown
 from vdpcp.harness.worker import setting_up
 
-__all__ = ["BackendUnavailable", "RankContext", "RankFailure", "configure", "run_ranks", "setting_up", "shutdown"]
+__all__ = ["BackendUnavailable", "RankContext", "RankFailure", "configure", "deferred_imports", "run_ranks", "setting_up",
+           "shutdown"]

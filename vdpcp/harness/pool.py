@@ -7,6 +7,11 @@ worker: all are killed and the next case forks fresh ones, so one broken case ne
 next. A case in which every rank returned but some raised or skipped (they may have left it at
 different collectives) keeps its workers only if a short check finds its process groups sound, and
 rebuilds their group (soundness.py): a fresh worker would pay again for every import its cases make.
+
+A preload after which forking would be unsafe (it starts a thread, say) is never forked past and never fatal: the
+zygote names it and exits, and the pool starts one without it, so each worker imports that module itself after
+the fork (torch too, where torch is the one). The verdicts are the same; the cost, that import at each worker's
+start, is said once on stderr and kept in ``deferred`` for the reports.
 """
 
 import os
@@ -16,13 +21,14 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from multiprocessing.connection import wait
 from pathlib import Path
 
 from vdpcp.harness import soundness
 from vdpcp.harness.errors import RankFailure
 from vdpcp.harness.outcome import DIED, FAULTS, HUNG, OK, RAISED, Outcome
-from vdpcp.harness.process import WorkerProcess, Zygote, ZygoteGone, describe_exit
+from vdpcp.harness.process import UnsafeImport, WorkerProcess, Zygote, ZygoteGone, describe_exit
 from vdpcp.harness.protocol import READY, SET_UP, SETTING_UP, Case, GroupSpec
 
 STARTUP_TIMEOUT_S = 120.0  # the zygote's torch import; forking a worker takes milliseconds
@@ -35,10 +41,26 @@ SOUNDNESS_TIMEOUT_S = 5.0  # each step of the check after a raise: milliseconds,
 OUTPUT_TAIL_LINES = 30
 
 
+@dataclass(frozen=True)
+class Deferred:
+    """A preload the zygote could not fork past, which every rank worker imports after the fork instead."""
+
+    module: str
+    why: str
+    seconds: float  # what its import took in the zygote: what each worker's start now costs more
+
+    @property
+    def line(self) -> str:
+        return (f"vdpcp harness: importing {self.module} makes forking unsafe ({self.why}), so rank workers import "
+                f"it themselves after the fork: about {self.seconds:.1f} s more at each worker's start, verdicts unchanged")
+
+
 class WorkerPool:
     def __init__(self):
+        self.deferred: dict[tuple[str, tuple[str, ...]], Deferred] = {}  # (module, tolerated threads) -> why
         self._dir: Path | None = None
         self._zygote: Zygote | None = None
+        self._requested: tuple[str, ...] = ()  # the preload asked for, of which the zygote holds what it could
         self._workers: list[WorkerProcess] = []
         self._generation = 0
         self._group: GroupSpec | None = None
@@ -104,10 +126,10 @@ class WorkerPool:
 
     def _grow(self, world_size: int, preload: tuple[str, ...], tolerate_threads: tuple[str, ...]) -> None:
         if (self._zygote is None or not self._zygote.alive()
-                or (self._zygote.preload, self._zygote.tolerate_threads) != (preload, tolerate_threads)):
+                or (self._requested, self._zygote.tolerate_threads) != (preload, tolerate_threads)):
             self.shutdown()
             self._dir = Path(tempfile.mkdtemp(prefix="vdpcp-pool-"))
-            self._zygote = Zygote(self._dir, preload, STARTUP_TIMEOUT_S, tolerate_threads)
+            self._zygote, self._requested = self._start_zygote(preload, tolerate_threads), preload
         starting = []
         try:
             for rank in range(len(self._workers), world_size):
@@ -129,6 +151,22 @@ class WorkerPool:
                                        f"its output:\n{w.take_output()}")
                 if message == READY:
                     starting.remove(w)
+
+    def _start_zygote(self, preload: tuple[str, ...], tolerate_threads: tuple[str, ...]) -> Zygote:
+        """A zygote with every module of ``preload`` it can fork past; each one it cannot is deferred, once."""
+        while True:
+            after_fork = tuple(name for name in ("torch", *preload) if (name, tolerate_threads) in self.deferred)
+            if "torch" in after_fork:  # every preload imports torch: the zygote imports nothing
+                after_fork = tuple(dict.fromkeys(("torch", *preload)))
+            kept = tuple(name for name in preload if name not in after_fork)
+            try:
+                return Zygote(self._dir, kept, STARTUP_TIMEOUT_S, tolerate_threads, after_fork)
+            except UnsafeImport as unsafe:
+                if unsafe.module in after_fork:  # cannot happen: the zygote never imports those
+                    raise
+                deferred = self.deferred[unsafe.module, tolerate_threads] = Deferred(unsafe.module, unsafe.why,
+                                                                                     unsafe.seconds)
+                print(deferred.line, file=sys.stderr, flush=True)
 
     def _fail_if_zygote_gone(self, world_size: int) -> None:
         """Raise the case's RankFailure, in one line, when the zygote exited under it (killed, or sent SIGTERM, as

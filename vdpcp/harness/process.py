@@ -28,14 +28,24 @@ class ZygoteGone(RuntimeError):
     """The zygote exited: its workers are gone too (they die with it) and the pool must start over."""
 
 
+class UnsafeImport(RuntimeError):
+    """The zygote found forking unsafe after importing ``module`` (``why``; the import took ``seconds``) and exited
+    before forking anything: a zygote without that module can be started instead."""
+
+    def __init__(self, module: str, why: str, seconds: float):
+        super().__init__(f"importing {module} in the rank zygote: {why}")
+        self.module, self.why, self.seconds = module, why, seconds
+
+
 CUDA_DRIVER_THREAD = "cuda"  # the prefix of the CUDA driver's thread's OS name
 
 
 def zygote_command(fd: int, directory: Path, preload: tuple[str, ...],
-                   tolerate_threads: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+                   tolerate_threads: tuple[str, ...], after_fork: tuple[str, ...] = ()) -> tuple[list[str], dict[str, str]]:
     """The zygote's command line and environment, given its end of the socket (fd) and the pool's folder: one
     place, so a test that starts a zygote by hand starts it as the pool does (on a GPU machine: --cuda and the
-    CUDA driver's thread tolerated)."""
+    CUDA driver's thread tolerated). ``after_fork``: what each worker imports itself once forked (torch among
+    them: the zygote imports nothing)."""
     env = dict(os.environ, **_ONE_THREAD, VDPCP_HARNESS_WORKER="1", PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p))
     # A preloaded module that asks torch.cuda.is_available() at import (megatron-core does) then asks NVML, not
@@ -48,6 +58,8 @@ def zygote_command(fd: int, directory: Path, preload: tuple[str, ...],
         argv.append("--deathsig")
     if preload:
         argv.append(f"--preload={','.join(preload)}")
+    if after_fork:
+        argv.append(f"--after-fork={','.join(after_fork)}")
     if config.cuda_device_count() > 0:
         # Where CUDA is visible, torch's NVML-based device count (torch.utils.cpp_extension, megatron-core, at
         # import) leaves the CUDA driver's own thread behind (named cuda000018...). Measured on the H200
@@ -64,11 +76,12 @@ class Zygote:
     """The pool's forking server (see zygote.py); its output goes to DIR/zygote.log."""
 
     def __init__(self, directory: Path, preload: tuple[str, ...], startup_timeout: float,
-                 tolerate_threads: tuple[str, ...] = ()):
+                 tolerate_threads: tuple[str, ...] = (), after_fork: tuple[str, ...] = ()):
+        """Raises UnsafeImport where a module of ``preload`` (or torch) would make forking unsafe."""
         self.log_path = directory / "zygote.log"
         self.preload, self.tolerate_threads = preload, tolerate_threads
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        argv, env = zygote_command(theirs.fileno(), directory, preload, tolerate_threads)
+        argv, env = zygote_command(theirs.fileno(), directory, preload, tolerate_threads, after_fork)
         with open(self.log_path, "ab") as log, theirs:
             self.process = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                             stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -77,11 +90,15 @@ class Zygote:
         self._exit_codes: dict[int, int] = {}  # pid -> exit code (negative: killed by that signal)
         self._ready = False
         deadline = time.monotonic() + startup_timeout
-        while not self._ready:
-            if time.monotonic() > deadline:
-                self.close()
-                raise RuntimeError(f"the rank zygote was not ready after {startup_timeout:g} s; its output:\n{self.output()}")
-            self._receive(deadline - time.monotonic())
+        try:
+            while not self._ready:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the rank zygote was not ready after {startup_timeout:g} s; its output:\n"
+                                       f"{self.output()}")
+                self._receive(deadline - time.monotonic())
+        except BaseException:
+            self.close()
+            raise
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -139,6 +156,8 @@ class Zygote:
             self._forked[rest[0]] = rest[1]
         elif kind == "exited":
             self._exit_codes[rest[0]] = rest[1]
+        elif kind == "unsafe":
+            raise UnsafeImport(*rest)
 
     def _obituary(self) -> str:
         code = self.process.wait()

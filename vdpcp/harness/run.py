@@ -46,6 +46,13 @@ def run_ranks(fn, world_size: int, *args, backend: str | None = None, timeout: f
     return settle(outcomes, f"{what} ({chosen}, world size {world_size})")
 
 
+def deferred_imports() -> list[str]:
+    """One line for each preload this process's ranks import after the fork, since forking past it is unsafe."""
+    with _lock:
+        pool = _pool if _pool is not None and _pool_owner == os.getpid() else None
+        return [deferred.line for deferred in pool.deferred.values()] if pool else []
+
+
 def shutdown() -> None:
     """Kill this process's warm workers (the pytest plugin calls it at session end; atexit does too)."""
     with _lock:

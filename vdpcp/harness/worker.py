@@ -30,7 +30,9 @@ RANK_DEFAULTS = {"TORCH_GLOO_LAZY_INIT": "1"}
 _conn: Connection | None = None  # to the caller, in a worker; None elsewhere (the caller's own process, torchrun)
 
 
-def serve(fd: int, rank: int, log_path: str, stack_path: str, zygote_pid: int) -> None:
+def serve(fd: int, rank: int, log_path: str, stack_path: str, zygote_pid: int, warm_up=lambda: None) -> None:
+    """Serve cases over ``fd``; ``warm_up()`` runs once, output set up, before the worker says it is ready (a
+    failure there is the worker's start failing, with its traceback in its log)."""
     die_with_parent(zygote_pid, signal.SIGKILL, watch=True)
     ctypes.CDLL(None).prctl(PR_SET_NAME, f"vdpcp-rank{rank}".encode())  # what `ps -o comm` shows
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
@@ -42,6 +44,7 @@ def serve(fd: int, rank: int, log_path: str, stack_path: str, zygote_pid: int) -
     faulthandler.register(signal.SIGUSR1, stacks, all_threads=True)
     state.remember_fresh()
 
+    warm_up()
     global _conn
     conn = _conn = Connection(fd)
     conn.send_bytes(READY)

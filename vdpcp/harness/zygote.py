@@ -1,20 +1,25 @@
 """The zygote: ``python -m vdpcp.harness.zygote FD CALLER_PID POOL_DIR [--deathsig] [--preload=MODULE,...]
-[--tolerate-threads=PREFIX,...] [--cuda]``.
+[--after-fork=MODULE,...] [--tolerate-threads=PREFIX,...] [--cuda]``.
 
 One fresh process per pool imports torch once, then forks a rank worker whenever the caller asks, so a
 worker costs milliseconds and shares torch's memory copy-on-write instead of paying a 2.5 s import and
 about 280 MB of its own. It is safe to fork because it stays single-threaded, never touches CUDA and
 never runs a case (its environment pins OpenMP/BLAS to one thread, so importing torch starts none).
-Modules named by --preload are imported too, after torch; if that starts a thread, it refuses to run, unless
-the thread's OS name starts with a prefix given by --tolerate-threads (for a thread shown harmless to fork
-past, e.g. a driver's idle helper: the child does not get it, only what it left in memory).
-`python -m vdpcp.harness.forkcheck MODULE...` says which import starts a thread and whether a child forked
-after it can still run CUDA and gloo. Where the caller sees GPUs (--cuda) it also refuses a preload after
-which torch marks forked children unable to initialise CUDA (asked of one throwaway child).
+Modules named by --preload are imported too, after torch, one at a time. The first import after which forking
+would be unsafe (it left a thread, unless the thread's OS name starts with a prefix given by --tolerate-threads,
+for a thread shown harmless to fork past; it initialised CUDA; or, where the caller sees GPUs (--cuda), torch now
+marks forked children unable to initialise CUDA, asked of one throwaway child) is reported to the caller as
+("unsafe", module, why, seconds it took) and the zygote exits without forking anything: the caller starts a new
+one with that module in --after-fork, which every worker imports right after it is forked, before it says it is
+ready. torch itself may be the one: with torch in --after-fork the zygote imports nothing, and its workers import
+torch and every preload themselves. `python -m vdpcp.harness.forkcheck
+MODULE...` says which import inside a module starts the thread and whether a child forked after it still runs
+CUDA and gloo.
 
 Over the SOCK_SEQPACKET socket FD, each message one pickle:
   caller -> zygote: ("fork", rank, log_path, stack_path) with the worker's end of a socketpair attached
-  zygote -> caller: ("ready",) once, then ("forked", rank, pid) and ("exited", pid, exit_code)
+  zygote -> caller: ("ready",) once, then ("forked", rank, pid) and ("exited", pid, exit_code); or, instead of
+  ("ready",), ("unsafe", module, why, seconds) and its exit
 The zygote reaps its workers and reports their exit codes, since the caller is not their parent.
 It exits when the caller closes the socket or goes away (PR_SET_PDEATHSIG with SIGTERM when asked, and
 a check of its parent on every loop), removing POOL_DIR, which a killed caller could not; its workers
@@ -31,6 +36,7 @@ import shutil
 import signal
 import socket
 import sys
+import time
 import warnings
 
 from vdpcp import third_party
@@ -61,37 +67,27 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's; workers inherit this
     worker.die_with_parent(caller_pid, signal.SIGTERM if "--deathsig" in argv else None)  # no watch thread: we fork
 
-    import torch
-
-    torch.set_num_threads(1)
-    torch.set_num_interop_threads(1)
-    third_party.import_cpp_extension_quietly()  # on torch 2.6 megatron's import would print a notice in every rank
-    preload = _option(argv, "--preload")
-    for name in filter(None, preload.split(",")):
-        importlib.import_module(name)
-    tolerated = tuple(filter(None, _option(argv, "--tolerate-threads").split(",")))
-    names = sorted(forkcheck.thread_names().values())  # the threads besides the main one
-    others = [name for name in names if not name.startswith(tolerated)]
-    if others:
-        sys.exit(f"vdpcp zygote: after importing torch and {preload or 'nothing else'} this process has "
-                 f"{len(others) + 1} threads ({', '.join(others)} besides the main one); forking it would be unsafe "
-                 f"(`python -m vdpcp.harness.forkcheck {preload.replace(',', ' ')}` says which import starts them)")
-    if torch.cuda.is_initialized():  # a forked child cannot use a CUDA context its parent made
-        sys.exit(f"vdpcp zygote: importing {preload} initialised CUDA; forking it would be unsafe")
-    if "--cuda" in argv and _child_in_bad_fork():
-        sys.exit(f"vdpcp zygote: after importing torch and {preload or 'nothing else'} a forked child cannot initialise "
-                 f"CUDA (torch marks it a "
-                 f"bad fork: something counted devices through the CUDA runtime, e.g. torch.cuda.is_available(); "
-                 f"with PYTORCH_NVML_BASED_CUDA_CHECK=1 that check asks NVML instead, which leaves forks usable)")
-    if names:  # tolerated on purpose: Python's warning at every fork would only fill the log
-        warnings.filterwarnings("ignore", message=r"This process .* is multi-threaded", category=DeprecationWarning)
-    gc.freeze()  # keep the collector from dirtying shared pages in every worker
-
     def send(*message):
         try:
             sock.send(pickle.dumps(message))
         except ConnectionError:  # the caller is gone
             leave()
+
+    preload = _option(argv, "--preload")
+    tolerated = tuple(filter(None, _option(argv, "--tolerate-threads").split(",")))
+    after_fork = tuple(filter(None, _option(argv, "--after-fork").split(",")))
+    if "torch" not in after_fork:
+        for name in ("torch", *filter(None, preload.split(","))):
+            started = time.perf_counter()
+            _import(name)
+            why = _unsafe_to_fork(tolerated, "--cuda" in argv)
+            if why:  # the caller starts a zygote without it in the same folder; nothing was forked from this one
+                with contextlib.suppress(ConnectionError):
+                    sock.send(pickle.dumps(("unsafe", name, why, time.perf_counter() - started)))
+                os._exit(0)
+    if forkcheck.thread_names():  # tolerated on purpose: Python's warning at every fork would only fill the log
+        warnings.filterwarnings("ignore", message=r"This process .* is multi-threaded", category=DeprecationWarning)
+    gc.freeze()  # keep the collector from dirtying shared pages in every worker
 
     send("ready")
 
@@ -111,7 +107,7 @@ def main(argv: list[str]) -> None:
                 _, rank, log_path, stack_path = pickle.loads(data)
                 pid = os.fork()
                 if pid == 0:
-                    _become_worker(sock, workers, fds[0], rank, log_path, stack_path, zygote_pid)
+                    _become_worker(sock, workers, fds[0], rank, log_path, stack_path, zygote_pid, after_fork)
                 os.close(fds[0])
                 workers[os.pidfd_open(pid)] = pid
                 send("forked", rank, pid)
@@ -120,6 +116,33 @@ def main(argv: list[str]) -> None:
                 os.close(fd)
                 _, status = os.waitpid(pid, 0)
                 send("exited", pid, os.waitstatus_to_exitcode(status))
+
+
+def _import(name: str) -> None:
+    importlib.import_module(name)
+    if name == "torch":  # what every worker inherits: one thread, and no notice from megatron's import of its builder
+        import torch
+
+        torch.set_num_threads(1)
+        torch.set_num_interop_threads(1)
+        third_party.import_cpp_extension_quietly()
+
+
+def _unsafe_to_fork(tolerated: tuple[str, ...], cuda: bool) -> str:
+    """Why forking this process now would be unsafe, or "" if it is not."""
+    others = sorted(name for name in forkcheck.thread_names().values() if not name.startswith(tolerated))
+    if others:
+        return f"it leaves {len(others)} thread(s) besides the main one ({', '.join(others)})"
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return ""
+    if torch.cuda.is_initialized():  # a forked child cannot use a CUDA context its parent made
+        return "it initialises CUDA"
+    if cuda and _child_in_bad_fork():
+        return ("a forked child can no longer initialise CUDA (torch marks it a bad fork: something counted devices "
+                "through the CUDA runtime, e.g. torch.cuda.is_available(); with PYTORCH_NVML_BASED_CUDA_CHECK=1 that "
+                "check asks NVML instead, which leaves forks usable)")
+    return ""
 
 
 def _option(argv: list[str], name: str) -> str:
@@ -145,14 +168,16 @@ def _child_in_bad_fork() -> bool:
     return answer != b"0"  # no answer in time counts as bad too
 
 
-def _become_worker(sock, workers: dict[int, int], fd: int, rank: int, log_path: str, stack_path: str, zygote_pid: int):
-    """In the forked child: drop the zygote's descriptors and serve cases; never return to its loop."""
+def _become_worker(sock, workers: dict[int, int], fd: int, rank: int, log_path: str, stack_path: str, zygote_pid: int,
+                   after_fork: tuple[str, ...]):
+    """In the forked child: drop the zygote's descriptors, import what the zygote could not, and serve cases; never
+    return to its loop."""
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         sock.close()
         for pidfd in workers:
             os.close(pidfd)
-        worker.serve(fd, rank, log_path, stack_path, zygote_pid)
+        worker.serve(fd, rank, log_path, stack_path, zygote_pid, lambda: [_import(name) for name in after_fork])
         os._exit(0)
     except BaseException:  # noqa: BLE001 - whatever happens, this child must not run the zygote's loop
         import traceback

@@ -66,9 +66,11 @@ SPLIT = "contiguous-balanced"
 EMPTY_MICROBATCH = KnownLimit(
     "qwen3-empty-microbatch",
     "transformers' Qwen3-VL vision tower cannot encode zero media items: with an empty grid_thw its forward "
-    "raises in get_vision_interpolation_indices_and_weights (repeat_interleave of no counts), and Automodel's "
+    "raises where it resamples its position grid (get_vision_interpolation_indices_and_weights' repeat_interleave "
+    "of no counts, or in older transformers fast_pos_embed_interpolate's torch.cat of no tensors), and Automodel's "
     "maybe_distribute_visual keeps that replicated call when there are no frames; a VLM skips the tower instead",
     "repeats must have the same size as input along dim",
+    alternatives=("expected a non-empty list of Tensors",),
 )
 
 
