@@ -136,3 +136,15 @@ def test_where_gpus_are_seen_a_preload_that_leaves_forks_usable_is_kept():
     finally:
         pool.shutdown()
     assert [o.kind for o in outcomes] == [OK]
+
+
+def test_check_says_which_import_moved_after_the_fork_in_its_output_and_report(driver_module, tmp_path):
+    report = tmp_path / "check.json"
+    env = dict(os.environ, VDPCP_PRELOAD="fake_driver")
+    done = subprocess.run([sys.executable, "-m", "vdpcp", "check", "--impl", "reference", "--cp", "2", "-k",
+                           "three-images-cp2-reference-count", "--json", str(report)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = "vdpcp harness: importing fake_driver makes forking unsafe"
+    assert line in done.stdout and done.stderr.count(line) == 1
+    assert [entry.startswith(line) for entry in json.loads(report.read_text())["harness"]] == [True]

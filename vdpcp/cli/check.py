@@ -118,7 +118,7 @@ def select(args) -> tuple[list, list]:
 def main(args) -> int:
     from vdpcp import progress, report, scenarios
     from vdpcp.expectations import PASSING
-    from vdpcp.harness import BackendUnavailable
+    from vdpcp.harness import BackendUnavailable, deferred_imports
     from vdpcp.harness.config import configure, planned_backend, resolve_backend
     from vdpcp.runner import preload_case_modules, run_judged
 
@@ -140,7 +140,8 @@ def main(args) -> int:
     def write_reports(state: dict) -> None:  # after every case: a killed job leaves what it finished
         if args.json:
             report.write_json(args.json, "check", [report.check_record(r) for r in rows], backend=_label(rows),
-                              finished=len(rows), left_out=[asdict(group) for group in left_out], **state)
+                              finished=len(rows), left_out=[asdict(group) for group in left_out],
+                              harness=deferred_imports(), **state)
         if args.junit_xml:
             report.write_junit(args.junit_xml, "vdpcp check", [report.check_junit(r) for r in rows])
 
@@ -163,6 +164,8 @@ def main(args) -> int:
         out.print(group.line())
     for note, n in Counter(row.result.collectives for row in rows if row.result.collectives).items():
         out.print(f"{n} case(s) ran with {note}")
+    for line in deferred_imports():
+        out.print(line, markup=False, highlight=False)
     if run.stopped or run.signal_code is not None:
         return run.exit_code(all(r.verdict in PASSING for r in rows))
     return exit_code([r.verdict for r in rows])
