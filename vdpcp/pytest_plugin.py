@@ -99,12 +99,12 @@ def pytest_generate_tests(metafunc):
         return
     from vdpcp import testing
     from vdpcp.cli import UsageError, checked_impls, checked_tower
-    from vdpcp.impls import BUILT_INS
+    from vdpcp.impls import defaults
     from vdpcp.scenarios import CP_SIZES
 
     config = metafunc.config
     try:
-        impls = checked_impls(config.getoption("vdpcp_impl") or config.getini("vdpcp_impl") or BUILT_INS)
+        impls = checked_impls(config.getoption("vdpcp_impl") or config.getini("vdpcp_impl") or defaults()[0])
         tower = checked_tower(config.getoption("vdpcp_tower"), impls)
     except UsageError as err:
         raise pytest.UsageError(str(err)) from None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict
@@ -41,7 +42,8 @@ from vdpcp.progress import add_maxfail_options
 def register(subparsers) -> None:
     parser = subparsers.add_parser("check", help=__doc__.splitlines()[0].split(": ", 1)[1], description=__doc__)
     parser.add_argument("--cp", type=RANKS, nargs="+", metavar="N", help="CP sizes to run (default: 1 2 4 8)")
-    parser.add_argument("--impl", nargs="+", metavar="IMPL", help=f"implementations under test (default: reference mcore): {IMPL_HELP}")
+    parser.add_argument("--impl", nargs="+", metavar="IMPL",
+                        help=f"implementations under test (default: reference and mcore, each where it can run here): {IMPL_HELP}")
     parser.add_argument("--split", nargs="+", metavar="SPLIT",
                         help="partitions to run, as the implementations name them (default: every one each has; the "
                              f"reference's: {', '.join(SPLITS)})")
@@ -70,9 +72,14 @@ def select(args) -> tuple[list, list]:
     from vdpcp.spec import SpecError
 
     cps = tuple(args.cp or scenarios.CP_SIZES)
-    from vdpcp.impls import BUILT_INS
+    from vdpcp.impls import defaults
 
-    impls = checked_impls(args.impl or BUILT_INS)
+    if args.impl:
+        impls = checked_impls(args.impl)
+    else:
+        impls, left_out = defaults()
+        for line in left_out:
+            print(f"left out: {line}", file=sys.stderr)
     filters = {"impls": impls, "splits": checked_splits(args.split, impls), "losses": tuple(args.loss or LOSSES),
                "tower": checked_tower(args.tower, impls)}
     try:

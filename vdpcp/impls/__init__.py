@@ -5,7 +5,10 @@ built-ins are there: reference, mcore, qwen2_5_vl, automodel, automodel-shipped,
 bridge-qwen3-vl-0.5.0, the release before it held as a regression fixture; an installed package adds its own;
 ``SHIPPED`` finds vdpcp's own in a checkout that was never installed); anything with a colon is imported:
 ``resolve("my_vlm.vision_dp:impl")``. A bad target raises ImplError, one line naming the target and what was
-expected. Rank workers resolve the same string, so a case carries the string, never the object.
+expected. A shipped subject whose packages are missing or of a version it does not take is unavailable
+(vdpcp.impls.needs): resolving it raises ImplError with that one line, before anything is imported, and
+``defaults()`` leaves it out of a run that names no implementation, with the same line. Rank workers resolve the
+same string, so a case carries the string, never the object.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import functools
 import importlib
 from importlib.metadata import entry_points
 
+from vdpcp.impls.needs import unavailable
 from vdpcp.protocol import (
     CHECK_GROUP_ERROR,
     GROUP_MISMATCH_TEXT,
@@ -46,7 +50,7 @@ CURRENT = tuple(name for name in SHIPPED if name not in FIXTURES)
 
 __all__ = ["CHECK_GROUP_ERROR", "GROUP_MISMATCH_TEXT", "Balance", "GroupMismatchError", "ImplError", "Implementation", "KnownLimit",
            "MediaAxes", "MismatchError", "Ownership", "VisionDPConfig",
-           "available", "check_group", "resolve"]
+           "available", "check_group", "defaults", "resolve", "unavailable"]
 
 
 class ImplError(ValueError):
@@ -54,14 +58,24 @@ class ImplError(ValueError):
 
 
 def available() -> dict[str, str]:
-    """Registered implementation names -> their ``module:object`` targets."""
+    """Registered implementation names -> their ``module:object`` targets (unavailable shipped ones included: they
+    resolve to their one line)."""
     return {**SHIPPED, **{ep.name: ep.value for ep in entry_points(group=GROUP)}}
+
+
+def defaults() -> tuple[tuple[str, ...], list[str]]:
+    """What a run that names no implementation runs (BUILT_INS this environment can run), and a line for each
+    built-in it leaves out."""
+    left_out = {name: unavailable(name) for name in BUILT_INS}
+    return tuple(name for name, why in left_out.items() if not why), [why for why in left_out.values() if why]
 
 
 @functools.cache
 def resolve(target: str) -> Implementation:
     """The implementation ``target`` names (a registered name, or ``module:object``)."""
     registered = available()
+    if target in SHIPPED and unavailable(target):
+        raise ImplError(f"--impl {target}: {unavailable(target)}")
     if target in registered:
         path = registered[target]
     elif ":" in target:
