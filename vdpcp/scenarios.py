@@ -24,7 +24,7 @@ from vdpcp.sharded import plan_for
 from vdpcp.spec import DEFAULT_PATCH_DIM, MicrobatchSpec, SpecError
 
 CP_SIZES = (1, 2, 4, 8)
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"  # package data: an installed vdpcp runs the same matrix
 # (CP, DP) layouts beyond world == CP: each DP replica encodes its own microbatch on its own CP group.
 LAYOUTS = ((2, 2), (4, 2), (2, 4))
 # (CP, TP) layouts for implementations whose tower is tensor parallel: a rank that skips its tower hangs its peers.

@@ -15,7 +15,7 @@ from vdpcp.runner import CaseResult
 from vdpcp.sharded import VisionDPConfig, plan_for
 from vdpcp.spec import MicrobatchSpec
 
-REGRESSIONS = Path(__file__).resolve().parents[2] / "fixtures" / "regressions"
+REGRESSIONS = Path(__file__).resolve().parents[2] / "vdpcp" / "fixtures" / "regressions"
 CP = 4
 
 

@@ -1,4 +1,4 @@
-"""Saved regressions (fixtures/regressions, shrunk and saved by `vdpcp fuzz`): each file says how it runs and
+"""Saved regressions (vdpcp/fixtures/regressions, shrunk and saved by `vdpcp fuzz`): each file says how it runs and
 how it failed, and fails that same way on every run; with the feature as specified (the file's failure mode
 dropped), each passes. The matrix also runs them as ordinary specs."""
 
@@ -10,7 +10,7 @@ from vdpcp import saved
 from vdpcp.fuzz import FAULT_GRACE_S, signature
 from vdpcp.runner import run_case
 
-REGRESSIONS = sorted((Path(__file__).resolve().parents[2] / "fixtures" / "regressions").glob("*.json"))
+REGRESSIONS = sorted((Path(__file__).resolve().parents[2] / "vdpcp" / "fixtures" / "regressions").glob("*.json"))
 RUNS = 2
 
 

@@ -13,7 +13,7 @@ from vdpcp.spec import MicrobatchSpec, SpecError
 
 pytest_plugins = ["pytester"]
 
-REGRESSIONS = Path(__file__).resolve().parents[2] / "fixtures" / "regressions"
+REGRESSIONS = Path(__file__).resolve().parents[2] / "vdpcp" / "fixtures" / "regressions"
 
 
 def write(tmp_path, data, name="spec.json") -> Path:

@@ -58,7 +58,7 @@ def test_split_takes_an_implementations_own_names_and_says_what_a_name_leaves_ou
 
 
 @pytest.mark.parametrize("argv", [["check", "--split", "nope", "--list"],
-                                  ["replay", "fixtures/video.json", "--cp", "2", "--split", "nope"]])
+                                  ["replay", "vdpcp/fixtures/video.json", "--cp", "2", "--split", "nope"]])
 def test_a_partition_no_implementation_has_is_one_usage_error(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err

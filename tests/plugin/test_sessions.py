@@ -53,7 +53,7 @@ def test_the_ini_preload_is_the_sessions_preload(pytester):
 
 
 
-SPEC = Path(__file__).resolve().parents[2] / "fixtures" / "multi-image.json"
+SPEC = Path(__file__).resolve().parents[2] / "vdpcp" / "fixtures" / "multi-image.json"
 
 
 def collected(pytester, *args) -> list:
