@@ -6,6 +6,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from vdpcp import cli, impls
 from vdpcp.impls import needs
@@ -80,3 +81,14 @@ def test_every_shipped_subject_has_its_needs_and_the_extras_declare_the_same_ran
     declared = [*project["dependencies"], *project["optional-dependencies"]["transformers"],
                 *project["optional-dependencies"]["radio"]]
     assert {needs.MEGATRON_CORE.requirement, needs.TRANSFORMERS.requirement, needs.EINOPS.requirement} <= set(declared)
+
+
+def test_the_floor_stack_pins_exactly_the_declared_floors():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    stacks = tomllib.loads((REPO / "requirements" / "stacks.toml").read_text())
+    declared = [*project["dependencies"], *project["optional-dependencies"]["transformers"]]
+    floors = {name: Version(floor) for name, _, floor in (text.partition(">=") for text in declared)}
+    pinned = {name: Version(version) for name, _, version in (text.partition("==") for text in stacks["floors"]["install"])}
+    assert pinned == floors
+    for stack in stacks.values():
+        assert set(stack["subjects"]) <= set(impls.SHIPPED)
