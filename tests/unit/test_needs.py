@@ -92,3 +92,14 @@ def test_the_floor_stack_pins_exactly_the_declared_floors():
     assert pinned == floors
     for stack in stacks.values():
         assert set(stack["subjects"]) <= set(impls.SHIPPED)
+
+
+def test_a_release_fixture_is_unavailable_where_its_package_is_not_installed_at_all(monkeypatch):
+    from vdpcp.impls import bridge_release
+
+    def nowhere(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(bridge_release.importlib.metadata, "distribution", nowhere)
+    assert impls.unavailable("bridge-qwen3-vl-0.5.0").startswith(
+        "bridge-qwen3-vl-0.5.0 needs megatron-bridge==0.5.0 (megatron-bridge 0.5.0 is not installed in releases/)")

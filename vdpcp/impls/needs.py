@@ -49,7 +49,7 @@ class Release:
         name, _, version = self.requirement.partition("==")
         try:
             bridge_release.distribution(version)
-        except bridge_release.ReleaseError:
+        except (bridge_release.ReleaseError, metadata.PackageNotFoundError):  # the folder, or the package itself
             return f"{name} {version} is not installed in {bridge_release.RELEASES}/"
         return ""
 
