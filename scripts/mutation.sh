@@ -120,7 +120,22 @@ tests[tensor_parallel]="$tp_tests
 module[reference]=vdpcp/impls/reference.py
 tests[reference]="$tp_tests
   tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case[gather-before-project]"
-ALL="expectations runner model_cache sketch plugin ab_judge saved capture impls layout reference tensor_parallel fuzz precision $oracle_parts"  # the order they run in
+module[gloo_collectives]=vdpcp/gloo_collectives.py
+tests[gloo_collectives]="tests/distributed/test_gloo_collectives.py"
+module[traffic]=vdpcp/traffic.py
+tests[traffic]="tests/unit/test_traffic.py"
+module[loss]=vdpcp/loss.py
+tests[loss]="tests/unit/test_loss.py tests/oracle"
+module[pixels]=vdpcp/pixels.py
+tests[pixels]="tests/unit/test_loader_pixels.py"
+module[bridge_release]=vdpcp/impls/bridge_release.py
+tests[bridge_release]="tests/impls/test_bridge_qwen3_vl.py::test_the_functions_run_are_the_installed_packages_files
+  tests/impls/test_bridge_qwen3_vl.py::test_the_old_release_is_its_own_files_and_the_two_never_mix
+  tests/impls/test_bridge_qwen3_vl.py::test_a_stale_module_registered_under_a_releases_name_is_not_what_the_release_loads
+  tests/impls/test_bridge_qwen3_vl.py::test_an_import_by_name_while_a_release_runs_is_refused
+  tests/impls/test_bridge_qwen3_vl.py::test_an_old_release_that_is_not_installed_is_named
+  tests/impls/test_bridge_exaone45.py::test_the_forward_and_the_vision_sections_functions_are_the_installed_packages_files"
+ALL="expectations runner model_cache sketch plugin ab_judge saved capture impls layout reference tensor_parallel fuzz precision $oracle_parts gloo_collectives traffic loss pixels bridge_release"  # the order they run in
 
 names=${*:-$ALL}
 names=$(echo " $names " | sed "s/ oracle / $oracle_parts /g")

@@ -131,6 +131,31 @@ def test_an_uneven_all_gather_gives_each_rank_every_peers_tensor_as_nccl_does(ru
     assert got == [(ran, gloo_collectives.ALL_GATHER_NOTE)] * (cp * dp)
 
 
+def uneven_in_a_later_dimension(ctx, cp: int):
+    """all_gather and all_to_all of tensors with one row count whose widths differ (a rank's feature width, a
+    video's frames in a later axis): gloo refuses those shapes as it refuses uneven rows, so the stand-in runs."""
+    mine = groups(Layout(cp=cp))
+    i = mine.cp_rank
+
+    def wide(sender: int, receiver: int = 0) -> torch.Tensor:
+        return (100 * sender + 10 * receiver + torch.arange(2 * (WIDTH + sender), dtype=torch.float64) / 8).reshape(
+            2, WIDTH + sender)
+
+    with gloo_collectives.on_gloo(mine.cp) as swap:
+        gathered = [torch.full((2, WIDTH + j), -1.0, dtype=torch.float64) for j in range(cp)]
+        dist.all_gather(gathered, wide(i), group=mine.cp)
+        exchanged = [torch.full((2, WIDTH + j), -1.0, dtype=torch.float64) for j in range(cp)]
+        dist.all_to_all(exchanged, [wide(i, j) for j in range(cp)], group=mine.cp)
+    assert all(torch.equal(out, wide(j)) for j, out in enumerate(gathered)), gathered
+    assert all(torch.equal(out, wide(j, i)) for j, out in enumerate(exchanged)), exchanged
+    return dict(swap.calls)
+
+
+def test_tensors_uneven_in_a_later_dimension_only_go_to_the_stand_in(run_ranks):
+    got = run_ranks(uneven_in_a_later_dimension, 2, 2, backend="gloo")
+    assert got == [{gloo_collectives.ALL_GATHER_NOTE: 1, gloo_collectives.ALL_TO_ALL_NOTE: 1}] * 2
+
+
 def uneven_all_to_all(ctx, cp: int, dp: int):
     """Plain torch.distributed.all_to_all (list form) of uneven, some empty, tensors in each of DTYPES: output j holds
     what CP peer j sent this rank."""

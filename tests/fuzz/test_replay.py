@@ -56,6 +56,16 @@ def test_plan_lines_say_which_rank_encodes_what(fields, cp, expected):
     assert plan_lines(Case(MicrobatchSpec.from_dict(fields), cp))[1:] == expected
 
 
+def test_an_implementations_own_rule_under_a_split_name_vdpcp_also_has_is_printed_as_its_plan():
+    """Bridge's "count" gives the remainder to the first ranks, vdpcp's planner's to the last: the replay says what
+    Bridge's split does, not what vdpcp's would."""
+    spec = MicrobatchSpec.from_dict(dict(images=[[16, 16], [24, 16], [16, 32]]))
+    assert plan_lines(Case(spec, 2, "bridge-qwen3-vl"))[1:] == ["  rank 0: image 0 (16x16), image 1 (24x16)",
+                                                               "  rank 1: image 2 (16x32)"]
+    assert plan_lines(Case(spec, 2))[1:] == ["  rank 0: image 0 (16x16) (16 patches)",
+                                             "  rank 1: image 1 (24x16), image 2 (16x32) (56 patches)"]
+
+
 def test_a_saved_failure_fails_again_with_no_flag_retyped_and_prints_the_failing_ranks_traceback(capsys):
     path = REGRESSIONS / "no-even-pad-cp4.json"
     assert main(["replay", str(path)]) == 1

@@ -8,6 +8,7 @@ import inspect
 import sys
 from importlib.metadata import version
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -92,6 +93,21 @@ def test_the_old_release_is_its_own_files_and_the_two_never_mix():
         assert forward_globals["AllGatherVisionEmbeddings"] is release[UTILS].AllGatherVisionEmbeddings
     assert old[UTILS].AllGatherVisionEmbeddings is not new[UTILS].AllGatherVisionEmbeddings
     assert {name for name in sys.modules if name.startswith("megatron.bridge")} == before
+
+
+def test_a_stale_module_registered_under_a_releases_name_is_not_what_the_release_loads(monkeypatch):
+    """Whatever sys.modules holds under megatron.bridge when a release loads (another release's module, a stub a
+    test left) is set aside for the load, so the release's own files are imported, then put back as it was."""
+    stale = {name: ModuleType(name) for name in ("megatron.bridge", UTILS)}
+    stale["megatron.bridge"].__path__ = []
+    for name, module in stale.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    release = bridge_release._load.__wrapped__(None, (UTILS,))  # a fresh load, not the process's cached one
+    installed = Path(importlib.metadata.distribution("megatron-bridge").locate_file("")).resolve()
+    assert all(release.modules[name] is not module for name, module in stale.items())
+    assert Path(release[UTILS].__file__).resolve().is_relative_to(installed / "megatron" / "bridge")
+    assert release[UTILS].qwen3vl_cp_split.__module__ == UTILS
+    assert all(sys.modules[name] is module for name, module in stale.items())
 
 
 def test_an_import_by_name_while_a_release_runs_is_refused():

@@ -42,8 +42,8 @@ def test_anything_else_is_one_clear_error():
 @pytest.mark.parametrize("target, message", [
     ("no_such_module_for_vdpcp:impl", r"--impl no_such_module_for_vdpcp:impl: cannot import module 'no_such_module_for_vdpcp'"),
     ("vdpcp.impls.reference:nothing_here", r"module 'vdpcp.impls.reference' has no attribute 'nothing_here'"),
-    ("not-registered", r"--impl not-registered: not a registered implementation \(automodel, automodel-shipped, bridge-qwen3-vl, "
-                       r"bridge-qwen3-vl-0.5.0, mcore, "
+    ("not-registered", r"--impl not-registered: not a registered implementation \(automodel, automodel-shipped, "
+                       r"bridge-exaone45, bridge-qwen3-vl, bridge-qwen3-vl-0.5.0, mcore, "
                        r"nemotron-omni, qwen2_5_vl, reference"),
 ])
 def test_a_target_that_names_nothing_is_one_clear_error(target, message):

@@ -6,6 +6,9 @@ import pytest
 import torch
 
 from vdpcp import pixels
+from vdpcp.impls import resolve
+from vdpcp.impls.reference import Reference
+from vdpcp.scenarios import matrix
 from vdpcp.spec import MicrobatchSpec
 
 SPEC = MicrobatchSpec(images=((16, 8), (8, 8)), name="two")
@@ -43,6 +46,39 @@ def test_who_moves_a_loaders_pixels_is_the_implementations_declaration_the_frame
     assert pixels.loader_pixels(object()) == "device"
     assert pixels.moves_pixels(_Declares("host"), "loader") and not pixels.moves_pixels(_Declares("host"), "tower")
     assert not pixels.moves_pixels(object(), "loader") and not pixels.moves_pixels(_Declares(None), "loader")
+
+
+class TowerDtypeOnly(Reference):
+    """The reference, declaring that it takes pixels in its tower's dtype only."""
+
+    name = "tower-dtype-only"
+    loader_pixels = None
+
+
+class DuckTowerDtypeOnly:
+    """The same declaration on an object that is not an Implementation (vdpcp.protocol.Adapted fills the rest)."""
+
+    name = "duck-tower-dtype-only"
+    loader_pixels = None
+
+    def __init__(self):
+        self._reference = Reference()
+
+    def encode(self, model, inputs):
+        return self._reference.encode(model, inputs)
+
+    def encode_sharded(self, model, inputs, config, group):
+        return self._reference.encode_sharded(model, inputs, config, group)
+
+
+@pytest.mark.parametrize("declares", [TowerDtypeOnly, DuckTowerDtypeOnly])
+def test_an_explicit_none_is_its_own_declaration_not_the_default_and_leaves_out_every_loader_case(declares):
+    """None says the implementation takes pixels in its tower's dtype only: no loader case is run against it, where
+    the same implementation without the declaration (the default, "device") gets its loader twins."""
+    impl = resolve(f"{__name__}:{declares.__name__}")
+    assert pixels.loader_pixels(_Declares(None)) is None and pixels.loader_pixels(impl) is None
+    assert not any(case.pixels == "loader" for case in matrix(cps=(2,), impls=(f"{__name__}:{declares.__name__}",)))
+    assert any(case.pixels == "loader" for case in matrix(cps=(2,), impls=("reference",)))
 
 
 def test_only_pixels_on_the_host_of_an_accelerator_are_moved_by_a_rank():

@@ -40,6 +40,25 @@ def test_a_ranks_loss_reads_its_own_weights_over_the_whole_merged_stream_of_ever
     assert not torch.equal(case_loss.stream_weights(0)["features"], case_loss.stream_weights(1)["features"])
 
 
+@pytest.mark.parametrize("kind", ["rank", "zigzag"])
+def test_outputs_of_one_shape_get_weights_of_their_own_so_swapping_them_changes_every_ranks_loss(kind):
+    """With one weight for every output, a loss cannot tell two outputs of one shape apart: a gather that hands one
+    output's gradient to the other (DeepStack levels cross-wired) would get the right gradients."""
+    case_loss = _loss(4, kind)
+    x, y = (torch.randn(10, 6, generator=torch.Generator().manual_seed(s), dtype=torch.float64) for s in (2, 3))
+    reading = [r for r in range(4) if case_loss.weights["features"][r].any()]  # zigzag: a rank may hold no vision row
+    assert reading
+    for rank in reading:
+        assert not torch.equal(case_loss.weights["features"][rank], case_loss.weights["deepstack0"][rank])
+        text = case_loss.text["features"][rank]
+        assert not text.any() or not torch.equal(text, case_loss.text["deepstack0"][rank])
+        prompt = case_loss.prompt()
+        swapped = {"features": prompt.streams["deepstack0"], "deepstack0": prompt.streams["features"]}
+        assert loss.rank_loss({"features": x, "deepstack0": y}, case_loss, prompt, rank) != \
+            loss.merged_loss({"features": y, "deepstack0": x}, loss.Prompt(prompt.tables, swapped),
+                             case_loss.stream_weights(rank))
+
+
 def test_the_tower_sees_under_the_merged_loss_what_the_exact_run_and_the_regrouped_reference_take():
     case_loss, summed = _loss(), {n: sum(w) for n, w in _loss().weights.items()}
     outputs, w = _outputs()

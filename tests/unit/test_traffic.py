@@ -2,6 +2,7 @@
 move names stands in for the accelerator: each move of the pixels, or of anything made of them on the host, is
 counted once, and a rank past its share of the unsharded encode's own copies is not sharded."""
 
+import pytest
 import torch
 
 from vdpcp import traffic
@@ -31,6 +32,17 @@ def test_a_cast_on_the_host_is_no_copy_and_its_move_counts_the_cast_bytes():
         assert copies.bytes == 0
         cast.to("cpu", torch.float64)
     assert copies.bytes == _bytes(pixels.double())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_a_move_that_casts_in_the_same_call_counts_the_bytes_it_reads_on_the_host(dtype):
+    """A loader's float32 pixels moved and cast at once (``.to(device, dtype)``, as a tower casting its input
+    does): the host is read in float32, whatever the device receives."""
+    pixels = _pixels()
+    with traffic.Copies(pixels, "cpu") as copies:
+        pixels.to("cpu", dtype)
+        pixels[:, :4].to(device="cpu", dtype=dtype, non_blocking=True)
+    assert copies.bytes == _bytes(pixels) + _bytes(pixels[:, :4])
 
 
 def test_what_was_moved_is_on_the_device_so_moving_it_again_is_not_counted_twice():

@@ -2,7 +2,8 @@
 
 ``resolve("reference")`` looks the name up in the ``vdpcp.implementations`` entry-point group (vdpcp's own
 built-ins are there: reference, mcore, qwen2_5_vl, automodel, automodel-shipped, nemotron-omni, bridge-qwen3-vl, and
-bridge-qwen3-vl-0.5.0, the release before it held as a regression fixture; an installed package adds its own;
+bridge-qwen3-vl-0.5.0, the release before it held as a regression fixture, and bridge-exaone45, the installed
+release's EXAONE 4.5, another; an installed package adds its own;
 ``SHIPPED`` finds vdpcp's own in a checkout that was never installed); anything with a colon is imported:
 ``resolve("my_vlm.vision_dp:impl")``. A bad target raises ImplError, one line naming the target and what was
 expected. A shipped subject whose packages are missing or of a version it does not take is unavailable
@@ -43,9 +44,10 @@ SHIPPED = {"reference": "vdpcp.impls.reference:reference", "mcore": "vdpcp.impls
            "automodel-shipped": "vdpcp.impls.automodel:automodel_shipped",
            "nemotron-omni": "vdpcp.impls.nemotron_omni:nemotron_omni",
            "bridge-qwen3-vl": "vdpcp.impls.bridge_qwen3_vl:bridge_qwen3_vl",
-           "bridge-qwen3-vl-0.5.0": "vdpcp.impls.bridge_qwen3_vl:bridge_qwen3_vl_0_5_0"}
+           "bridge-qwen3-vl-0.5.0": "vdpcp.impls.bridge_qwen3_vl:bridge_qwen3_vl_0_5_0",
+           "bridge-exaone45": "vdpcp.impls.bridge_exaone45:bridge_exaone45"}
 # Releases held to vdpcp as regression fixtures: they must fail, so the benches' "every shipped subject" leaves them out.
-FIXTURES = ("bridge-qwen3-vl-0.5.0",)
+FIXTURES = ("bridge-qwen3-vl-0.5.0", "bridge-exaone45")
 CURRENT = tuple(name for name in SHIPPED if name not in FIXTURES)
 
 __all__ = ["CHECK_GROUP_ERROR", "GROUP_MISMATCH_TEXT", "Balance", "GroupMismatchError", "ImplError", "Implementation", "KnownLimit",

@@ -289,7 +289,7 @@ class BridgeQwen3VL(Implementation):
     def _forward(self, model, inputs: BridgeInputs, cp_group, vision_dp_when_cp: bool) -> dict[str, torch.Tensor]:
         args = forward_arguments(inputs, cp_group.size())
         model.config.vision_dp_when_cp = vision_dp_when_cp
-        with _watching(model, cp_group, args["input_ids"][0]), self.release().running():
+        with watching(model, cp_group, args["input_ids"][0]), self.release().running():
             return model(**args)
 
     def plan(self, spec, config) -> Ownership | None:
@@ -315,7 +315,7 @@ class BridgeQwen3VL(Implementation):
 
 
 @contextmanager
-def _watching(model, cp_group, input_ids: torch.Tensor):
+def watching(model, cp_group, input_ids: torch.Tensor):
     """Bridge's groups and the probe's watch for one call; after it the model holds no live process group (a model
     holding one cannot be copied: the exact run's float64 copy)."""
     _set_groups(model, cp_group)
