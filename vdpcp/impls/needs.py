@@ -72,6 +72,7 @@ NEEDS = {
     "nemotron-omni": (RADIO, EINOPS),
     "bridge-qwen3-vl": (BRIDGE, MEGATRON_CORE, TRANSFORMERS),
     "bridge-qwen3-vl-0.5.0": (Release("megatron-bridge==0.5.0"), MEGATRON_CORE, TRANSFORMERS),
+    "bridge-exaone45": (BRIDGE, MEGATRON_CORE, TRANSFORMERS),
 }
 
 
