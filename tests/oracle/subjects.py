@@ -687,3 +687,69 @@ pixels_as_data = PixelsAsData()
 detaches_its_pixels = DetachesItsPixels()
 pixel_grad_off = PixelGradOff()
 pixel_grad_off_undeclared = PixelGradOffUndeclared()
+
+
+# --- a backward that writes into the gradient it is handed ---------------------------------------------------
+
+
+def _summed_where_handed(grad, group):
+    """``grad`` summed over ``group`` in the buffer it came in (as an all-reduce in place does); the reference's own
+    gather backward then gets the gradient as it was handed, and sums it as it always does."""
+    handed = grad.clone()
+    dist.all_reduce(grad.contiguous(), group=group)
+    return handed
+
+
+def _beside_its_rows(grad):
+    """One row of the buffer just before the rows ``grad`` views (the text row the merge put there) nudged, its own
+    rows untouched: a write the handed gradient itself does not show."""
+    before = torch.as_strided(grad, (1, *grad.shape[1:]), grad.stride(), grad.storage_offset() - grad.stride(0))
+    before.add_(1.0)
+    return grad
+
+
+class WritesItsGradient(Reference):
+    """Right in every result, but its gather's backward all-reduces the gradient it is handed in place, as
+    Megatron-Core's ``_reduce`` does: the merged stream's gradient becomes the sum over the CP group."""
+
+    name = "writes-its-gradient"
+    splits = ("count",)
+
+    def encode_sharded(self, model, batch, config, group):
+        out = super().encode_sharded(model, batch, config, group)
+        return gradient_changed(out, lambda grad: _summed_where_handed(grad, group)) if config.shard_vision else out
+
+
+class WritesItsGradientMergesCopy(WritesItsGradient):
+    """The same, in a model whose merges copy the gathered features (an index assignment), as it declares."""
+
+    name = "writes-its-gradient-merges-copy"
+    merges_copy = True
+
+
+class WritesBesideItsRows(Reference):
+    """Leaves the rows it is handed as they were, but writes into the text row before them: the text stream's
+    gradient differs, and no write into its own gradient explains it."""
+
+    name = "writes-beside-its-rows"
+    splits = ("count",)
+
+    def encode_sharded(self, model, batch, config, group):
+        out = super().encode_sharded(model, batch, config, group)
+        return gradient_changed(out, _beside_its_rows) if config.shard_vision else out
+
+
+class WritesBothMergesCopy(WritesItsGradientMergesCopy):
+    """Writes into its own gradient (which its copying merge makes harmless) and beside it (which nothing does)."""
+
+    name = "writes-both-merges-copy"
+
+    def encode_sharded(self, model, batch, config, group):
+        out = super().encode_sharded(model, batch, config, group)
+        return gradient_changed(out, _beside_its_rows) if config.shard_vision else out
+
+
+writes_its_gradient = WritesItsGradient()
+writes_its_gradient_merges_copy = WritesItsGradientMergesCopy()
+writes_beside_its_rows = WritesBesideItsRows()
+writes_both_merges_copy = WritesBothMergesCopy()

@@ -14,6 +14,7 @@ from vdpcp import budget, comm, gloo_collectives, load_balance, loss, model_cach
 from vdpcp.case import Case, RankResult
 from vdpcp.harness.turns import turn
 from vdpcp.harness.worker import setting_up
+from vdpcp.oracle import handed
 from vdpcp.oracle.execution import Execution, _check_layers_ran, _check_param_grads_exist, ran_by_rank, required_layers
 from vdpcp.oracle.failures import _fail, _fail_into, _label
 from vdpcp.oracle.gradients import _carried, _check_input_grads, _check_param_grads, _check_rank_alone, _check_text, _pixel_extra
@@ -150,7 +151,12 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
     if _graphless(result, out, ref.graph, groups.cp):
         return  # decided over the CP group, so every rank stops here alike
 
-    loss.rank_loss(out, ref.loss, prompt, cp_rank).backward()
+    with handed.Handed(out) as kept:  # the gradient each output's backward is handed, and what it wrote into it
+        loss.rank_loss(out, ref.loss, prompt, cp_rank).backward()
+    written = kept.written()
+    if written:  # a finding of its own, or a note where the implementation says its model's merges copy
+        (result.notes if getattr(impl, "merges_copy", False) else result.grad_written).append(
+            handed.line(result, written))
     clock.lap("sharded")
     # The comparisons below hold the gradients within tolerances, not bit for bit: deterministic algorithms off
     # (on CUDA the count sketch's index_add_ then takes its atomic kernel, not a sorting one).
@@ -158,13 +164,18 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
         held = _held(ref.grads, subject, groups.tp_rank, case.tp)
         shares = _held(ref.own_grads, subject, groups.tp_rank, case.tp) if ref.grads is None else None
         texts = prompt.grads()
-        extra = (_pixel_extra(batch, ref.batch, case.cp, cp_rank, owned) if pixels else []) + list(texts.values())
+        wrote = handed.in_tables(written, ref.loss)  # what the write added to the text stream's gradient, if it read it
+        streams = list(texts.values()) + list(wrote.values())
+        extra = (_pixel_extra(batch, ref.batch, case.cp, cp_rank, owned) if pixels else []) + streams
         shares_sketch = ref.rounding.own_share_sketch(case.tp, device) if shares is not None else None
         summed = _check_param_grads(result, subject, held, groups.cp, extra, dtype, ref.rounding.params, shares,
                                     shares_sketch)
-        summed, summed_texts = summed[: len(summed) - len(texts)], summed[len(summed) - len(texts):]
-        _check_text(result, texts, ref.loss.table_grads(cp_rank), ref.loss.tokens, "this rank alone")
-        _check_text(result, dict(zip(texts, summed_texts)), ref.text_grads, ref.loss.tokens, "summed over ranks")
+        summed, summed_texts, summed_wrote = (summed[: len(summed) - len(streams)],
+                                              summed[len(summed) - len(streams) : len(summed) - len(wrote)],
+                                              summed[len(summed) - len(wrote):])
+        _check_text(result, texts, ref.loss.table_grads(cp_rank), ref.loss.tokens, "this rank alone", wrote)
+        _check_text(result, dict(zip(texts, summed_texts)), ref.text_grads, ref.loss.tokens, "summed over ranks",
+                    dict(zip(texts, summed_wrote)))
         pixels = pixels and _carried(result, summed[0])  # the same on every rank: the flags were summed over them
         if pixels:
             _check_input_grads(result, batch, ref, plan, read, summed[1:], owned)
