@@ -60,7 +60,8 @@ class Handed:
     def written(self) -> dict[str, Written]:
         """Per output whose handed gradient the backward changed: its rows changed and the change."""
         out = {}
-        for name, (grad, handed) in self.kept.items():
+        for name in [name for name in self.outputs if name in self.kept]:  # in the outputs' order, not the backward's
+            grad, handed = self.kept[name]
             if not handed.numel():
                 continue
             after = grad.detach()
