@@ -753,3 +753,54 @@ writes_its_gradient = WritesItsGradient()
 writes_its_gradient_merges_copy = WritesItsGradientMergesCopy()
 writes_beside_its_rows = WritesBesideItsRows()
 writes_both_merges_copy = WritesBothMergesCopy()
+
+
+# --- no opt-out, and a collective counted as the subject issued it --------------------------------------------
+
+
+class GathersUnevenWhenOff(Reference):
+    """Right results with the feature off, but it still gathers one tensor of a size of each rank's own over the CP
+    group first: one uneven all_gather, which on gloo vdpcp's stand-in runs (its own collectives are not the
+    subject's)."""
+
+    name = "gathers-uneven-when-off"
+    splits = ("count",)
+
+    def encode_sharded(self, model, batch, config, group):
+        if not config.shard_vision and dist.get_world_size(group) > 1:
+            sizes = range(1, dist.get_world_size(group) + 1)
+            mine = torch.zeros(sizes[dist.get_rank(group)], dtype=batch.patches.dtype, device=batch.patches.device)
+            dist.all_gather([mine.new_zeros(n) for n in sizes], mine, group=group)
+        return super().encode_sharded(model, batch, config, group)
+
+
+class NoOptOut(Reference):
+    """Shards at every CP above 1, whatever vision_dp_over_cp says, and declares it has no opt-out."""
+
+    name = "no-opt-out"
+    splits = ("count",)
+    has_opt_out = False
+
+    def encode_sharded(self, model, batch, config, group):
+        return super().encode_sharded(model, batch, replace(config, vision_dp_over_cp=True), group)
+
+
+class ShardsAtTheOptOut(NoOptOut):
+    """The same, without the declaration: the opt-out's no-op is what it is held to."""
+
+    name = "shards-at-the-opt-out"
+    has_opt_out = True
+
+
+class ClaimsNoOptOut(Reference):
+    """Declares it has no opt-out, but honours it: every rank encodes everything where the feature is off."""
+
+    name = "claims-no-opt-out"
+    splits = ("count",)
+    has_opt_out = False
+
+
+gathers_uneven_when_off = GathersUnevenWhenOff()
+no_opt_out = NoOptOut()
+shards_at_the_opt_out = ShardsAtTheOptOut()
+claims_no_opt_out = ClaimsNoOptOut()

@@ -1,5 +1,6 @@
 """What an implementation declares about itself (vdpcp.protocol: mismatch_error, checks_cp1, forward_only,
-empty_rank_may_skip, merges_copy, MediaAxes.even_grids) makes the judge fair to it, and never hides a real bug: each declaring
+empty_rank_may_skip, merges_copy, has_opt_out,
+MediaAxes.even_grids) makes the judge fair to it, and never hides a real bug: each declaring
 subject passes, and its twin with the bug the declaration could hide still fails, with its one line.
 
 Also the execution check from the forward alone: a rank that skips its tower fails outputs-only cases too."""
@@ -245,3 +246,36 @@ def test_declaring_that_merges_copy_hides_no_text_stream_difference_the_write_do
     assert verdict == "fail", result.summary()
     assert len(result.notes) == 2, result.summary()  # the write itself: harmless where merges copy, so a note
     assert any("text grads (this rank alone)" in f for f in result.failures), _said(result)
+
+
+# --- no opt-out, and the subject's own count of collectives ---------------------------------------------------
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("cp", [2, 4])
+def test_an_implementation_with_no_opt_out_is_held_to_sharding_at_its_opt_out_cases(cp):
+    verdict, why, result = _run("no_opt_out", cp=cp, vision_dp_over_cp=False)
+    assert verdict == "pass", result.summary()
+    assert [r.read for r in result.ranks] == _planned(result.case.with_(vision_dp_over_cp=True)), result.summary()
+
+
+@pytest.mark.distributed
+def test_without_the_declaration_sharding_at_the_opt_out_fails_as_the_no_op_it_must_be():
+    verdict, why, result = _run("shards_at_the_opt_out", vision_dp_over_cp=False)
+    assert verdict == "fail" and any("where vision_dp_over_cp is off (the opt-out)" in f for f in result.failures), \
+        _said(result)
+
+
+@pytest.mark.distributed
+def test_declaring_no_opt_out_hides_no_opt_out_that_does_not_shard():
+    verdict, why, result = _run("claims_no_opt_out", vision_dp_over_cp=False)
+    assert verdict == "not-sharded", result.summary()
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("cp", [2, 4])
+def test_a_collective_is_counted_once_as_the_subject_issued_it_not_with_vdpcps_gloo_stand_ins_own(cp):
+    verdict, why, result = _run("gathers_uneven_when_off", cp=cp, vision_dp_over_cp=False)
+    line = "issued 1 collective(s) on its CP group where vision_dp_over_cp is off (the opt-out): it must be a no-op"
+    assert [f for f in result.failures if "execution" in f] == [f"rank {r}: execution: rank {r} {line}"
+                                                                for r in range(cp)], _said(result)

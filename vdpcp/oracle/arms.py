@@ -20,7 +20,7 @@ from vdpcp.oracle.failures import _fail, _fail_into, _label
 from vdpcp.oracle.gradients import _carried, _check_input_grads, _check_param_grads, _check_rank_alone, _check_text, _pixel_extra
 from vdpcp.oracle.split import _contradicts, _describe, _judge_distribution, _read_table
 from vdpcp.oracle.telemetry import Clock, Memory
-from vdpcp.oracle.unsharded import DTYPES, Unsharded, _sum_shared, _unsharded, pixel_grads, replica_spec
+from vdpcp.oracle.unsharded import DTYPES, Unsharded, _sum_shared, _unsharded, held_config, pixel_grads, replica_spec
 from vdpcp.pixels import fresh, moves_pixels
 from vdpcp.protocol import outputs_of
 from vdpcp.tensor_parallel import held_part
@@ -49,7 +49,7 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
             memory.phase("unsharded peak")
             if unsharded is not None:
                 with gloo_collectives.on_gloo(groups.cp) as swap:  # uneven collectives on gloo, as on NCCL
-                    _sharded(impl, case, model, unsharded, result, groups, clock)
+                    _sharded(impl, case, model, unsharded, result, groups, clock, swap)
                 result.collectives = gloo_collectives.used(swap)
                 memory.phase("sharded peak")
     finally:
@@ -88,18 +88,19 @@ def _turns(ctx, case: Case, result: RankResult):
     return turn(ctx.device, sharing % at_once)
 
 
-def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups, clock) -> None:
+def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups, clock, swap=None) -> None:
     """The sharded arm on the same weights, and every check against the unsharded one."""
-    dtype, config, cp_rank = DTYPES[case.dtype], case.config, groups.cp_rank
+    dtype, config, cp_rank = DTYPES[case.dtype], held_config(impl, case), groups.cp_rank
     device = ref.batch.device  # the tower's: the pixels may be on the host (vdpcp.pixels)
     subject = impl.subject_model(model, case, dtype, device)
     pixels = pixel_grads(impl)
     batch = replace(ref.batch, patches=fresh(ref.batch.patches, pixels))
     prompt = ref.loss.prompt()  # before the encode, as a VLM embeds its tokens first (vdpcp.loss: why it matters)
     copies = traffic.Copies(batch.patches, device) if moves_pixels(impl, case.pixels) else nullcontext()
-    with Execution(subject, ref.index) as ran, comm.Collectives(groups.cp) as issued, reads.coded(batch) as coded, \
+    with Execution(subject, ref.index) as ran, comm.Collectives(groups.cp, _own(swap)) as issued, reads.coded(batch) as coded, \
             copies:
-        out = outputs_of(impl.encode_sharded(subject, impl.inputs(coded), config, groups.cp), f"{impl.name}.encode_sharded")
+        out = outputs_of(impl.encode_sharded(subject, impl.inputs(coded), case.config, groups.cp),
+                         f"{impl.name}.encode_sharded")
     result.encoded = ran.rows
     if not config.shard_vision and case.cp > 1 and issued.count:  # CP 1 configured, or the opt-out: the no-op
         result.failures.append(f"execution: rank {result.rank} issued {issued.count} collective(s) on its CP group "
@@ -219,6 +220,11 @@ def _in_host_memory(result: RankResult, out: dict[str, torch.Tensor], copies: tr
         if copies.stand_in and copies.hosts(t):
             result.failures.append(f"{_label('outputs', name, out)}: made in host memory from the host pixels, not on "
                                    f"the tower's device (the stand-in's host: no accelerator here)")
+
+
+def _own(swap):
+    """The running count of the collectives vdpcp's gloo stand-ins issued of their own (none where none is in force)."""
+    return (lambda: swap.own) if swap is not None else (lambda: 0)
 
 
 def _off(config) -> str:
