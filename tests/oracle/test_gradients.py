@@ -1,8 +1,8 @@
 """How the oracle compares parameter gradients (vdpcp.oracle.gradients._check_param_grads): summed over the CP group in buckets
 of at most precision.BUCKET elements (a larger parameter alone), in float64 element by element, the first parameter
 off named once, not every one after it; below float64, a tower with more parameters than vdpcp.sketch.WIDTH as the
-sum of the ranks' count sketches.; and the gradient handed to each output's backward (vdpcp.oracle.handed): a write
-into it seen row by row, and a text-stream difference that is exactly the write not said twice"""
+sum of the ranks' count sketches; and the gradient handed to each output's backward (vdpcp.oracle.handed): a write
+into it seen row by row, and a text-stream difference that is exactly the write not said twice."""
 
 import math
 
