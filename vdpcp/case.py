@@ -109,6 +109,10 @@ class RankResult:
     not_sharded: list[str] = field(default_factory=list)
     host_copies: int | None = None  # bytes of host pixels it copied to its device (vdpcp.traffic; None: not counted)
     plan_mismatch: list[str] = field(default_factory=list)  # what ran contradicts the implementation's stated plan
+    # Every result right, but the backward wrote into the gradient vdpcp handed an output's backward: a consumer
+    # that reads that buffer after it (an additive merge) sees the sum (vdpcp.oracle.handed).
+    grad_written: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # seen and said, no verdict: such a write where merges copy
     # Correct and distributed, but the busiest rank carries a whole unit more than the best partition under the
     # implementation's own declared objective (vdpcp.load_balance): never a pass, and not a wrong result either.
     unbalanced: list[str] = field(default_factory=list)
@@ -137,4 +141,4 @@ class RankResult:
     @property
     def ok(self) -> bool:
         return (not self.failures and not self.not_sharded and not self.plan_mismatch and not self.unbalanced
-                and self.unsharded_error is None)
+                and not self.grad_written and self.unsharded_error is None)

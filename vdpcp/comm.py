@@ -82,11 +82,13 @@ class Collectives:
     """Counts the collectives issued on ``group`` while inside (``count``; 0 where it cannot be told: no process
     group, or a torch without the counter). Each c10d process group numbers the collectives issued on it, gloo's and
     NCCL's alike, whoever calls them (the subject's own dist.all_gather as much as an autograd gather): that number
-    is read before and after. Collectives on another group (MCore's own CP group, say) are not seen; what each rank's
-    tower read is (the oracle's read table)."""
+    is read before and after, less those vdpcp's own stand-ins issued meanwhile (``own``: a running count, such as
+    vdpcp.gloo_collectives' swap keeps), so the count is the subject's calls alone. Collectives on another group
+    (MCore's own CP group, say) are not seen; what each rank's tower read is (the oracle's read table)."""
 
-    def __init__(self, group):
+    def __init__(self, group, own=lambda: 0):
         self.group, self.count = group, 0
+        self.own = own  # how many collectives vdpcp's own stand-ins have issued so far: never the subject's
 
     def _number(self) -> int | None:
         if self.group is None or not dist.is_initialized():
@@ -95,9 +97,9 @@ class Collectives:
         return number() if number is not None else None
 
     def __enter__(self) -> Collectives:
-        self._start = self._number()
+        self._start, self._own = self._number(), self.own()
         return self
 
     def __exit__(self, *exc) -> None:
         end = self._number()
-        self.count = end - self._start if None not in (self._start, end) else 0
+        self.count = end - self._start - (self.own() - self._own) if None not in (self._start, end) else 0

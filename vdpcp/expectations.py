@@ -23,8 +23,8 @@ from vdpcp.impls import KnownLimit, resolve
 # a run (vdpcp.runner.CaseResult.verdict); the judge adds JUDGED, which need the case's expectation: xfail (a known
 # limit met the known way) outranks what the run says, xpass (a known limit that passed) only a correct run.
 # docs/verdicts.md shows the table; tests/unit/test_verdicts.py holds both to it.
-PRECEDENCE = ("resource", "xfail", "error", "unsharded-error", "fail", "plan-mismatch", "not-sharded", "unbalanced",
-              "xpass", "replicated", "pass")
+PRECEDENCE = ("resource", "xfail", "error", "unsharded-error", "fail", "plan-mismatch", "grad-written", "not-sharded",
+              "unbalanced", "xpass", "replicated", "pass")
 JUDGED = ("xfail", "xpass")
 # pass and replicated are a correct run as the case expects it; xfail, a known upstream limit met the known way.
 PASSING = ("pass", "replicated", "xfail")
@@ -76,8 +76,8 @@ def group_error_problems(case: Case, text: str) -> list[str]:
 def judge(result, known_limits: bool = True) -> tuple[str, str]:
     """(verdict, why) of a CaseResult against the case's expectation, on the backend it ran on.
 
-    Verdicts: those of the runner (pass, replicated, fail, plan-mismatch, not-sharded, unbalanced, error, unsharded-error,
-    resource), xfail (a known limit failed the known way), xpass (a strict xfail passed: the limit is gone). Only
+    Verdicts: those of the runner (pass, replicated, fail, plan-mismatch, grad-written, not-sharded, unbalanced, error,
+    unsharded-error, resource), xfail (a known limit failed the known way), xpass (a strict xfail passed: the limit is gone). Only
     pass, replicated and xfail count as passing. ``known_limits=False`` judges as if the implementation declared
     none: an upstream bug's reproduction then fails until it is fixed (for its maintainer, `replay
     --no-known-limits`).
@@ -93,7 +93,10 @@ def judge(result, known_limits: bool = True) -> tuple[str, str]:
         if result.verdict == "replicated":
             return "replicated", next(f"by its policy: {r.replicated}" for r in result.ranks if r.replicated)
         unchecked = getattr(result, "unchecked_grads", None)
-        return result.verdict, f"gradients not checked: {unchecked}" if unchecked and result.passed else ""
+        if unchecked and result.passed:
+            return result.verdict, f"gradients not checked: {unchecked}"
+        notes = getattr(result, "notes", ())
+        return result.verdict, f"note: {notes[0]}" if notes and result.passed else ""
     if result.passed:
         return "xpass", f"expected to fail ({limit.name}) but passed: {limit.reason}"
     otherwise = [failure for failure in result.failures if not limit.shows(failure)]

@@ -50,7 +50,8 @@ def exchange(outputs, inputs, group, collective: str = "all_to_all") -> None:
                          f"got {len(inputs)} and {len(outputs)}")
     sent = [_bytes(t) for t in inputs]
     expected = [_nbytes(o) for o in outputs]
-    _agree_on_sizes([b.numel() for b in sent], expected, group, collective)
+    _agree_on_sizes([b.numel() for b in sent], expected, group, collective, [_shape(t) for t in inputs],
+                    [_shape(o) for o in outputs])
     received = torch.empty(sum(expected), dtype=torch.uint8, device=outputs[0].device)
     dist.all_to_all_single(received, torch.cat(sent), output_split_sizes=expected,
                            input_split_sizes=[b.numel() for b in sent], group=group)
@@ -59,19 +60,57 @@ def exchange(outputs, inputs, group, collective: str = "all_to_all") -> None:
             out.copy_(part.view(out.dtype).view(out.shape))
 
 
-def _agree_on_sizes(sends: list[int], expects: list[int], group, collective: str) -> None:
-    """Every rank learns what every rank sends and expects; a mismatch raises the same error on all of them."""
+def _agree_on_sizes(sends: list[int], expects: list[int], group, collective: str, sent=None, expected=None) -> None:
+    """Every rank learns what every rank sends and expects; a mismatch raises the same error on all of them, saying
+    whether the rows or the dtypes differ. ``sent``/``expected``: (rows, dtype) of each tensor sent and expected."""
     size = len(sends)
-    mine = torch.tensor(sends + expects, dtype=torch.int64)  # gloo groups always take CPU tensors
+    sent = sent or [(0, torch.uint8)] * size
+    expected = expected or [(0, torch.uint8)] * size
+    shapes = [rows for rows, _ in sent + expected] + [_DTYPES.index(dtype) for _, dtype in sent + expected]
+    mine = torch.tensor(sends + expects + shapes, dtype=torch.int64)  # gloo groups always take CPU tensors
     table = [torch.empty_like(mine) for _ in range(size)]
+    if _IN_FORCE:
+        _IN_FORCE[-1].own += 1  # vdpcp's, not the code under test's: its call is the exchange after it
     dist.all_gather(table, mine, group=group)  # equal shapes: gloo's own
-    wrong = [(i, j, int(table[i][j]), int(table[j][size + i])) for i in range(size) for j in range(size)
-             if table[i][j] != table[j][size + i]]
+    wrong = [(i, j) for i in range(size) for j in range(size) if table[i][j] != table[j][size + i]]
     if wrong:
-        i, j, sends_bytes, expects_bytes = wrong[0]
-        raise ValueError(f"{collective} on gloo: group rank {i} sends group rank {j} {sends_bytes} bytes, which "
-                         f"expects {expects_bytes} ({len(wrong)} pair(s) of ranks disagree on sizes; NCCL's result "
-                         f"is undefined there)")
+        i, j = wrong[0]
+        raise ValueError(f"{collective} on gloo: group rank {i} sends group rank {j} {int(table[i][j])} bytes, which "
+                         f"expects {int(table[j][size + i])}: {_what_differs(table, size, i, j)} ({len(wrong)} pair(s) "
+                         f"of ranks disagree on sizes; NCCL's result is undefined there)")
+
+
+def _what_differs(table: list[torch.Tensor], size: int, i: int, j: int) -> str:
+    """Whether group rank ``i``'s tensor for rank ``j`` and the one ``j`` expects from it differ in rows or in dtype,
+    and the dtypes every rank sent (a rank's own dtype is the usual culprit: an empty rank's made apart)."""
+    def rows(r, k):
+        return int(table[r][2 * size + k])
+
+    def dtype(r, k):
+        return _DTYPES[int(table[r][4 * size + k])]
+
+    sends, expects = (rows(i, j), dtype(i, j)), (rows(j, size + i), dtype(j, size + i))
+    if sends[1] != expects[1] and sends[0] == expects[0]:
+        said = f"their rows agree ({sends[0]}), their dtypes differ ({sends[1]} sent, {expects[1]} expected)"
+    elif sends[1] != expects[1]:
+        said = f"rows and dtypes differ ({sends[0]} rows of {sends[1]} sent, {expects[0]} rows of {expects[1]} expected)"
+    elif sends[0] != expects[0]:
+        said = f"their rows differ ({sends[0]} sent, {expects[0]} expected, of {sends[1]})"
+    else:
+        said = f"their rows ({sends[0]}) and dtype ({sends[1]}) agree, their other dimensions differ"
+    each = ", ".join(f"group rank {r} {'/'.join(dict.fromkeys(str(dtype(r, k)) for k in range(size)))}"
+                     for r in range(size))
+    return f"{said}; each rank sent {each}"
+
+
+def _shape(t: torch.Tensor) -> tuple[int, torch.dtype]:
+    return (t.shape[0] if t.dim() else 1), t.dtype
+
+
+# Every dtype torch has, in one order on every rank: a dtype crosses ranks as its place here.
+_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
+# The swaps in force, innermost last: where vdpcp's own collectives are counted apart from the code under test's.
+_IN_FORCE: list[Swap] = []
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -113,11 +152,13 @@ def _refused_by_gloo(tensors: list) -> bool:
 
 class Swap:
     """What stands under torch's names while swapped; ``calls`` counts, per report note, the calls that vdpcp's
-    stand-in ran (GlooAllToAll's backward runs without coming back here)."""
+    stand-in ran (GlooAllToAll's backward runs without coming back here); ``own``, the collectives they issued
+    besides the one each call stands for, which a count of the code under test's leaves out (vdpcp.comm.Collectives)."""
 
     def __init__(self, torchs: dict):
         self.torchs = torchs
         self.calls: Counter[str] = Counter()
+        self.own = 0  # collectives vdpcp's stand-ins issued of their own (the sizes' agreement), beside the calls
         self.stand_ins = {(dist_nn, "_AlltoAll"): self, (dist, "all_gather"): self.all_gather,
                           (dist, "all_to_all"): self.all_to_all}
 
@@ -180,9 +221,11 @@ def on_gloo(group):
     swap = Swap(torchs)
     for (module, name), stand_in in swap.stand_ins.items():
         setattr(module, name, stand_in)
+    _IN_FORCE.append(swap)
     try:
         yield swap
     finally:
+        _IN_FORCE.remove(swap)
         for (module, name), torchs_own in torchs.items():
             setattr(module, name, torchs_own)
 

@@ -87,6 +87,14 @@ What it declares about itself, so the judge is fair to it (each default is the d
   "host": it casts them and moves its own share to its device itself, and the bytes each rank copies are counted
   (vdpcp.traffic: a rank that moves more than its share is not sharded); None: it takes pixels in its tower's
   dtype only, and its loader cases are left out of the matrix;
+- ``has_opt_out``: False where it has no opt-out, by design: it shards at every CP above 1 whatever
+  ``vision_dp_over_cp`` says. Its opt-out cases then check that it shards correctly (outputs, gradients, the
+  split, its plan), as its sharded cases do, instead of failing it for the collectives the opt-out forbids;
+- ``merges_copy``: its model's merges of the gathered outputs into the language model's stream copy them (an index
+  assignment, ``masked_scatter``): a backward that writes into the gradient it was handed (an all-reduce in place)
+  is then harmless there, and vdpcp says so in a note instead of the ``grad-written`` verdict. The default: the
+  merge may be additive, or a hook or a retained grad may read that gradient after, so the write is a finding
+  (docs/verdicts.md says why);
 - ``media.even_grids`` (``MediaAxes``): its tower takes even patch grids only;
 - ``balance(case)``: the objective its partition balances (a ``Balance``: each unit's cost from its patch grid,
   by name, "patches" or "attention" p*(p+alpha), or as a function, how many frames of a video make one unit, and
@@ -257,6 +265,8 @@ class Implementation:
     empty_rank_may_skip: bool = False  # its tower holds no collective, so a rank with no real rows may skip it
     pixel_grads: bool = False  # its path is differentiable in its pixels: their gradients are held too
     loader_pixels: str | None = "device"  # a loader's float32 pixels, moved to the device by the framework; it casts
+    merges_copy: bool = False  # its model's merges copy the gathered outputs: a write into the handed gradient is a note
+    has_opt_out: bool = True  # False: it shards at every CP above 1 by design, and its opt-out cases are held to that
 
     @property
     def towers(self) -> Mapping[str, MediaAxes]:
@@ -363,7 +373,7 @@ PROTOCOL = REQUIRED + ("build_model", "model_key", "subject_model", "inputs", "p
                        "known_limit", "splits",
                        "media", "towers", "scenarios", "preload", "tensor_parallel", "patch_bytes", "param_count",
                        "full_attention", "mismatch_error", "checks_cp1", "forward_only", "empty_rank_may_skip",
-                       "pixel_grads", "loader_pixels", "balance")
+                       "pixel_grads", "loader_pixels", "merges_copy", "has_opt_out", "balance")
 
 
 class OutputsError(TypeError):

@@ -1,7 +1,8 @@
 """Reports of `vdpcp check` and `vdpcp mutants`: a table for the terminal, JSON, and JUnit XML for CI.
 
 A check row is one case's judged result (vdpcp.expectations.judge): pass, replicated (encoded whole on every rank,
-as the implementation's fallback policy says), fail, plan-mismatch, not-sharded, error, xfail (a known upstream
+as the implementation's fallback policy says), fail, plan-mismatch, grad-written, not-sharded, unbalanced, error,
+unsharded-error, resource, xfail (a known upstream
 limit failed the known way) or xpass (a strict xfail passed). A mutant row is one vdpcp.hunt.Hunt. Both become
 the same JUnit shape: pass and replicated pass, xfail (and a mutant that does not apply) is a skipped test with its
 reason, error an error, anything else a failure whose message starts with its verdict (a property says it too).
@@ -25,8 +26,8 @@ from vdpcp.usage import UsageError
 
 STYLES = {"pass": "green", "replicated": "green", "xfail": "yellow", "killed": "green", "n/a": "yellow",
           "fail": "bold red", "error": "bold red", "xpass": "bold red", "survived": "bold red",
-          "unsharded-error": "bold red", "plan-mismatch": "bold red", "not-sharded": "bold magenta", "unbalanced": "magenta",
-          "resource": "bold red"}
+          "unsharded-error": "bold red", "plan-mismatch": "bold red", "grad-written": "bold red",
+          "not-sharded": "bold magenta", "unbalanced": "magenta", "resource": "bold red"}
 ERRORS = (("out_err", "outputs"), ("input_grad_err", "input grads"), ("param_grad_err", "param grads"))
 
 
@@ -74,7 +75,8 @@ def check_table(rows: list[CheckRow], backend: str) -> Table:
     table.add_column("why", overflow="fold", max_width=60)
     for row in rows:
         case, result = row.case, row.result
-        why = "" if row.verdict == "pass" and not row.why.startswith(("the documented", "gradients not checked")) else row.why
+        shown = ("the documented", "gradients not checked", "note:")
+        why = "" if row.verdict == "pass" and not row.why.startswith(shown) else row.why
         table.add_row(row.family, _case_label(case), str(case.cp), case.impl, case.split, _ran_on(result), *_per_rank(result),
                       *(_err(result, attr) for attr, _ in ERRORS), f"[{STYLES.get(row.verdict, '')}]{row.verdict}[/]",
                       _short(why or ("" if row.verdict == "pass" else _first_failure(result)), 60))
@@ -116,10 +118,11 @@ def check_record(row: CheckRow) -> dict:
              "images": r.images, "placeholders": r.placeholders, "patches": r.patches,
              "deterministic": r.deterministic, "exact": r.exact,
              **{attr: _finite(getattr(r, attr)) for attr, _ in ERRORS}, "unchecked_grads": r.unchecked_grads,
-             "failures": r.failures}
+             "failures": r.failures, **({"notes": r.notes} if r.notes else {})}
             for r in result.ranks
         ],
         "failures": result.failures,
+        **({"notes": result.notes} if result.notes else {}),
         **({"output": row.output} if row.output else {}),
     }
 

@@ -30,9 +30,10 @@ RANK_PRELOAD = ("vdpcp.runner", "torch.distributed.tensor")
 
 CORRECT = ("pass", "replicated")  # verdicts of a run whose every check held
 # The verdicts a run decides itself, in vdpcp.expectations.PRECEDENCE's order (the judge adds the rest), and the
-# RankResult field by which any one rank says so; the first four are also the messages a case reports.
+# RankResult field by which any one rank says so; MESSAGES are also the messages a case reports.
 RUN_VERDICTS = tuple(v for v in PRECEDENCE if v not in JUDGED)
-MESSAGES = {"fail": "failures", "plan-mismatch": "plan_mismatch", "not-sharded": "not_sharded", "unbalanced": "unbalanced"}
+MESSAGES = {"fail": "failures", "plan-mismatch": "plan_mismatch", "grad-written": "grad_written",
+            "not-sharded": "not_sharded", "unbalanced": "unbalanced"}
 RANK_FLAGS = {"unsharded-error": "unsharded_error", **MESSAGES, "replicated": "replicated"}
 
 
@@ -74,6 +75,11 @@ class CaseResult:
         return next((r.unchecked_grads for r in self.ranks if r.unchecked_grads), None)
 
     @property
+    def notes(self) -> list[str]:
+        """What the ranks saw and said without a verdict (a write into the handed gradient where merges copy)."""
+        return [f"rank {r.rank}: {note}" for r in self.ranks for note in r.notes]
+
+    @property
     def collectives(self) -> str:
         """What stood in for torch's collectives on any rank (vdpcp.gloo_collectives), or nothing."""
         return "; ".join(sorted({r.collectives for r in self.ranks if r.collectives}))
@@ -98,6 +104,7 @@ class CaseResult:
         if pixels:
             lines.append(f"  input gradients not compared: {pixels}")
         lines += [f"  {msg}" for msg in self.failures]
+        lines += [f"  note: {msg}" for msg in self.notes]
         return "\n".join(lines)
 
 

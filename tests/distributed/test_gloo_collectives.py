@@ -191,9 +191,30 @@ def sizes_disagree(ctx):
 
 
 def test_sizes_the_ranks_disagree_on_raise_one_error_on_every_rank(run_ranks):
-    said = ("all_gather on gloo: group rank 0 sends group rank 1 0 bytes, which expects 48 (1 pair(s) of ranks "
-            "disagree on sizes; NCCL's result is undefined there)")
+    said = ("all_gather on gloo: group rank 0 sends group rank 1 0 bytes, which expects 48: their rows differ (0 sent, "
+            "2 expected, of torch.float64); each rank sent group rank 0 torch.float64, group rank 1 torch.float64 "
+            "(1 pair(s) of ranks disagree on sizes; NCCL's result is undefined there)")
     assert run_ranks(sizes_disagree, 4, backend="gloo") == [said] * 4
+
+
+def dtypes_disagree(ctx):
+    """Every rank gathers rows of its own count in its own dtype (CP rank 0 float64, rank 1 bfloat16), as ranks
+    whose empty embeddings are made apart from their features do: the rows agree, the bytes do not."""
+    mine = groups(Layout(cp=2, dp=2))
+    dtype = (torch.float64, torch.bfloat16)[mine.cp_rank]
+    outputs = [torch.empty(n, WIDTH, dtype=dtype) for n in (2, 3)]
+    with pytest.raises(ValueError) as raised:
+        with gloo_collectives.on_gloo(mine.cp):
+            dist.all_gather(outputs, torch.zeros(2 + mine.cp_rank, WIDTH, dtype=dtype), group=mine.cp)
+    return str(raised.value)
+
+
+def test_ranks_that_send_other_dtypes_are_told_their_rows_agree_and_which_dtype_each_sent(run_ranks):
+    said = ("all_gather on gloo: group rank 0 sends group rank 1 48 bytes, which expects 12: their rows agree (2), "
+            "their dtypes differ (torch.float64 sent, torch.bfloat16 expected); each rank sent group rank 0 "
+            "torch.float64, group rank 1 torch.bfloat16 (2 pair(s) of ranks disagree on sizes; NCCL's result is "
+            "undefined there)")
+    assert run_ranks(dtypes_disagree, 4, backend="gloo") == [said] * 4
 
 
 REFERENCE = {case.id: case for case in scenarios.matrix(cps=(2,), impls=("reference",))}

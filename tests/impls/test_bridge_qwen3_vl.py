@@ -228,8 +228,13 @@ def test_050s_gather_backward_keeps_the_local_slice_parameter_gradients_fail_out
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_050s_rank_with_no_image_makes_bfloat16_embeddings(dtype):
     """Its rank with no image makes its empty embeddings in a hard-coded bfloat16: in float32 and float64 the
-    ranks' gathers disagree in bytes (on NCCL the result is undefined). One image at CP 2: rank 1 has none."""
+    ranks' gathers disagree in bytes (on NCCL the result is undefined), and the error says the rows agree and which
+    dtype each rank sent. One image at CP 2: rank 1 has none."""
     judged = run_judged(Case(_spec("one-image"), 2, "bridge-qwen3-vl-0.5.0", dtype=dtype))
     assert judged.verdict == "error", judged.result.summary()
     assert "all_gather on gloo" in judged.result.error and "disagree on sizes" in judged.result.error, \
         judged.result.error
+    tokens = int(bridge_qwen3_vl.inputs(_spec("one-image").tensors()).tower.grid_thw.prod(dim=1).sum()) // 4  # 2x2
+    said = f"their rows agree ({tokens}), their dtypes differ (torch.{dtype} sent, "
+    assert f"{said}torch.bfloat16 expected); each rank sent group rank 0 torch.{dtype}, group rank 1 torch.bfloat16" \
+        in judged.result.error, judged.result.error

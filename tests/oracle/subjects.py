@@ -687,3 +687,120 @@ pixels_as_data = PixelsAsData()
 detaches_its_pixels = DetachesItsPixels()
 pixel_grad_off = PixelGradOff()
 pixel_grad_off_undeclared = PixelGradOffUndeclared()
+
+
+# --- a backward that writes into the gradient it is handed ---------------------------------------------------
+
+
+def _summed_where_handed(grad, group):
+    """``grad`` summed over ``group`` in the buffer it came in (as an all-reduce in place does); the reference's own
+    gather backward then gets the gradient as it was handed, and sums it as it always does."""
+    handed = grad.clone()
+    dist.all_reduce(grad.contiguous(), group=group)
+    return handed
+
+
+def _beside_its_rows(grad):
+    """One row of the buffer just before the rows ``grad`` views (the text row the merge put there) nudged, its own
+    rows untouched: a write the handed gradient itself does not show."""
+    before = torch.as_strided(grad, (1, *grad.shape[1:]), grad.stride(), grad.storage_offset() - grad.stride(0))
+    before.add_(1.0)
+    return grad
+
+
+class WritesItsGradient(Reference):
+    """Right in every result, but its gather's backward all-reduces the gradient it is handed in place, as
+    Megatron-Core's ``_reduce`` does: the merged stream's gradient becomes the sum over the CP group."""
+
+    name = "writes-its-gradient"
+    splits = ("count",)
+
+    def encode_sharded(self, model, batch, config, group):
+        out = super().encode_sharded(model, batch, config, group)
+        return gradient_changed(out, lambda grad: _summed_where_handed(grad, group)) if config.shard_vision else out
+
+
+class WritesItsGradientMergesCopy(WritesItsGradient):
+    """The same, in a model whose merges copy the gathered features (an index assignment), as it declares."""
+
+    name = "writes-its-gradient-merges-copy"
+    merges_copy = True
+
+
+class WritesBesideItsRows(Reference):
+    """Leaves the rows it is handed as they were, but writes into the text row before them: the text stream's
+    gradient differs, and no write into its own gradient explains it."""
+
+    name = "writes-beside-its-rows"
+    splits = ("count",)
+
+    def encode_sharded(self, model, batch, config, group):
+        out = super().encode_sharded(model, batch, config, group)
+        return gradient_changed(out, _beside_its_rows) if config.shard_vision else out
+
+
+class WritesBothMergesCopy(WritesItsGradientMergesCopy):
+    """Writes into its own gradient (which its copying merge makes harmless) and beside it (which nothing does)."""
+
+    name = "writes-both-merges-copy"
+
+    def encode_sharded(self, model, batch, config, group):
+        out = super().encode_sharded(model, batch, config, group)
+        return gradient_changed(out, _beside_its_rows) if config.shard_vision else out
+
+
+writes_its_gradient = WritesItsGradient()
+writes_its_gradient_merges_copy = WritesItsGradientMergesCopy()
+writes_beside_its_rows = WritesBesideItsRows()
+writes_both_merges_copy = WritesBothMergesCopy()
+
+
+# --- no opt-out, and a collective counted as the subject issued it --------------------------------------------
+
+
+class GathersUnevenWhenOff(Reference):
+    """Right results with the feature off, but it still gathers one tensor of a size of each rank's own over the CP
+    group first: one uneven all_gather, which on gloo vdpcp's stand-in runs (its own collectives are not the
+    subject's)."""
+
+    name = "gathers-uneven-when-off"
+    splits = ("count",)
+
+    def encode_sharded(self, model, batch, config, group):
+        if not config.shard_vision and dist.get_world_size(group) > 1:
+            sizes = range(1, dist.get_world_size(group) + 1)
+            mine = torch.zeros(sizes[dist.get_rank(group)], dtype=batch.patches.dtype, device=batch.patches.device)
+            dist.all_gather([mine.new_zeros(n) for n in sizes], mine, group=group)
+        return super().encode_sharded(model, batch, config, group)
+
+
+class NoOptOut(Reference):
+    """Shards at every CP above 1, whatever vision_dp_over_cp says, and declares it has no opt-out."""
+
+    name = "no-opt-out"
+    splits = ("count",)
+    has_opt_out = False
+
+    def encode_sharded(self, model, batch, config, group):
+        return super().encode_sharded(model, batch, replace(config, vision_dp_over_cp=True), group)
+
+
+class ShardsAtTheOptOut(NoOptOut):
+    """The same, without the declaration: the opt-out's no-op is what it is held to."""
+
+    name = "shards-at-the-opt-out"
+    has_opt_out = True
+
+
+class ClaimsNoOptOut(Reference):
+    """Declares it has no opt-out, but honours it: every rank encodes everything where the feature is off."""
+
+    name = "claims-no-opt-out"
+    splits = ("count",)
+    has_opt_out = False
+
+
+gathers_uneven_when_off = GathersUnevenWhenOff()
+no_opt_out = NoOptOut()
+shards_at_the_opt_out = ShardsAtTheOptOut()
+claims_no_opt_out = ClaimsNoOptOut()

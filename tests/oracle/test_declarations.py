@@ -1,5 +1,6 @@
 """What an implementation declares about itself (vdpcp.protocol: mismatch_error, checks_cp1, forward_only,
-empty_rank_may_skip, MediaAxes.even_grids) makes the judge fair to it, and never hides a real bug: each declaring
+empty_rank_may_skip, merges_copy, has_opt_out,
+MediaAxes.even_grids) makes the judge fair to it, and never hides a real bug: each declaring
 subject passes, and its twin with the bug the declaration could hide still fails, with its one line.
 
 Also the execution check from the forward alone: a rank that skips its tower fails outputs-only cases too."""
@@ -202,3 +203,79 @@ def test_a_grads_only_known_limit_is_never_an_outputs_only_cases():
     case = Case(SPECS["three-images"], 2, "tests.oracle.test_declarations:backward_limited")
     assert expectations.known_limit(case, "gloo") is BackwardLimited.LIMIT
     assert expectations.known_limit(case.with_(grads=False), "gloo") is None
+
+
+# --- a backward that writes into the gradient it is handed, and merges_copy ----------------------------------
+
+WROTE = ("the gather's backward wrote into the gradient it was handed: a consumer that reads it after, such as an "
+         "additive merge, sees the sum")
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("cp", [2, 4])
+def test_a_backward_that_writes_into_its_handed_gradient_is_that_one_finding_per_rank_and_nothing_else(cp):
+    verdict, why, result = _run("writes_its_gradient", cp=cp)
+    assert verdict == "grad-written", result.summary()
+    rows = sum(output_tokens(grid) for grid in SPECS["three-images"].grids)  # every rank loss weighs every row
+    lines = [f"rank {r}: gradient written: rank {r} (CP rank {r}), output 'features' ({rows} of {rows} rows changed): "
+             f"{WROTE} (a copy, or an out-of-place collective, fixes it: "
+             f"docs/verdicts.md#a-backward-that-writes-into-its-incoming-gradient)" for r in range(cp)]
+    assert result.failures == lines, _said(result)  # the text stream's difference is the write's: not said again
+
+
+@pytest.mark.distributed
+def test_where_its_model_merges_copy_the_write_is_a_note_and_the_case_passes():
+    verdict, why, result = _run("writes_its_gradient_merges_copy")
+    assert verdict == "pass", result.summary()
+    assert why.startswith("note: rank 0: gradient written: rank 0 (CP rank 0), output 'features'") and WROTE in why, why
+    assert len(result.notes) == 2 and result.failures == [], result.summary()
+
+
+@pytest.mark.distributed
+def test_a_text_stream_difference_that_no_write_into_the_handed_gradient_explains_stays_a_failure():
+    verdict, why, result = _run("writes_beside_its_rows")
+    assert verdict == "fail", result.summary()
+    assert not any("gradient written" in f for f in result.failures), _said(result)
+    assert any("text grads (this rank alone)" in f and "differs from the unsharded run's in 1 of" in f
+               for f in result.failures), _said(result)
+
+
+@pytest.mark.distributed
+def test_declaring_that_merges_copy_hides_no_text_stream_difference_the_write_does_not_explain():
+    verdict, why, result = _run("writes_both_merges_copy")
+    assert verdict == "fail", result.summary()
+    assert len(result.notes) == 2, result.summary()  # the write itself: harmless where merges copy, so a note
+    assert any("text grads (this rank alone)" in f for f in result.failures), _said(result)
+
+
+# --- no opt-out, and the subject's own count of collectives ---------------------------------------------------
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("cp", [2, 4])
+def test_an_implementation_with_no_opt_out_is_held_to_sharding_at_its_opt_out_cases(cp):
+    verdict, why, result = _run("no_opt_out", cp=cp, vision_dp_over_cp=False)
+    assert verdict == "pass", result.summary()
+    assert [r.read for r in result.ranks] == _planned(result.case.with_(vision_dp_over_cp=True)), result.summary()
+
+
+@pytest.mark.distributed
+def test_without_the_declaration_sharding_at_the_opt_out_fails_as_the_no_op_it_must_be():
+    verdict, why, result = _run("shards_at_the_opt_out", vision_dp_over_cp=False)
+    assert verdict == "fail" and any("where vision_dp_over_cp is off (the opt-out)" in f for f in result.failures), \
+        _said(result)
+
+
+@pytest.mark.distributed
+def test_declaring_no_opt_out_hides_no_opt_out_that_does_not_shard():
+    verdict, why, result = _run("claims_no_opt_out", vision_dp_over_cp=False)
+    assert verdict == "not-sharded", result.summary()
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("cp", [2, 4])
+def test_a_collective_is_counted_once_as_the_subject_issued_it_not_with_vdpcps_gloo_stand_ins_own(cp):
+    verdict, why, result = _run("gathers_uneven_when_off", cp=cp, vision_dp_over_cp=False)
+    line = "issued 1 collective(s) on its CP group where vision_dp_over_cp is off (the opt-out): it must be a no-op"
+    assert [f for f in result.failures if "execution" in f] == [f"rank {r}: execution: rank {r} {line}"
+                                                                for r in range(cp)], _said(result)

@@ -1,7 +1,8 @@
 """How the oracle compares parameter gradients (vdpcp.oracle.gradients._check_param_grads): summed over the CP group in buckets
 of at most precision.BUCKET elements (a larger parameter alone), in float64 element by element, the first parameter
 off named once, not every one after it; below float64, a tower with more parameters than vdpcp.sketch.WIDTH as the
-sum of the ranks' count sketches."""
+sum of the ranks' count sketches; and the gradient handed to each output's backward (vdpcp.oracle.handed): a write
+into it seen row by row, and a text-stream difference that is exactly the write not said twice."""
 
 import math
 
@@ -72,3 +73,64 @@ def test_a_tower_no_larger_than_the_sketch_sums_its_gradients_as_they_are(monkey
     result = RankResult(0)
     gradients._check_param_grads(result, model, grads, None, [], torch.bfloat16, 0.0)
     assert result.failures == [] and result.param_grad_err == 0.0  # measured element by element: none off
+
+
+# --- the gradient handed to each output's backward (vdpcp.oracle.handed) -------------------------------------
+
+
+class _DoublesInPlace(torch.autograd.Function):
+    """The identity, whose backward doubles the gradient it is handed in that very buffer, rows 1 and 2 only."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad[1:3].mul_(2)
+        return grad
+
+
+def _merged_backward(write: bool):
+    """Two outputs merged into their prompts by vdpcp's loss, the first through a backward that writes if asked."""
+    from vdpcp import loss
+    from vdpcp.case import Case
+    from vdpcp.oracle import handed
+    from vdpcp.spec import MicrobatchSpec
+
+    case = Case(MicrobatchSpec(images=((4, 4),), name="one"), 2)
+    losses = loss.case_loss(case, case.spec, {"features": (4, 2), "deepstack0": (4, 2)}, torch.float64, "cpu")
+    prompt = losses.prompt()  # before the encode, as the oracle embeds it (vdpcp.loss: why it matters)
+    x = torch.ones(4, 2, dtype=torch.float64, requires_grad=True)
+    out = {"features": _DoublesInPlace.apply(x * 1) if write else x * 1, "deepstack0": x * 2}
+    with handed.Handed(out) as kept:
+        loss.rank_loss(out, losses, prompt, 0).backward()
+    return kept.written(), losses, prompt
+
+
+def test_a_backward_that_writes_into_the_gradient_it_is_handed_is_seen_row_by_row_and_one_that_does_not_is_not():
+    from vdpcp.oracle import handed
+
+    written, _, _ = _merged_backward(write=True)
+    assert list(written) == ["features"] and (written["features"].rows, written["features"].of) == (2, 4)
+    assert written["features"].delta[[0, 3]].eq(0).all() and written["features"].delta[1:3].ne(0).all()
+    line = handed.line(RankResult(3, 1), written)
+    assert line.startswith("gradient written: rank 3 (CP rank 1), output 'features' (2 of 4 rows changed): ")
+    assert handed.WROTE in line and handed.DOCS in line
+    assert _merged_backward(write=False)[0] == {}
+
+
+def test_a_text_stream_difference_that_is_exactly_the_write_is_not_said_again_and_any_other_is():
+    from vdpcp.oracle import handed
+
+    written, losses, prompt = _merged_backward(write=True)
+    got, want, wrote = prompt.grads(), losses.table_grads(0), handed.in_tables(written, losses)
+    result = RankResult(0)
+    gradients._check_text(result, got, want, losses.tokens, "this rank alone")
+    assert len(result.failures) == 1 and "text grads 'features' (this rank alone)" in result.failures[0]
+    result = RankResult(0)
+    gradients._check_text(result, got, want, losses.tokens, "this rank alone", wrote)
+    assert result.failures == []  # the write explains it
+    got["deepstack0"] = got["deepstack0"] + 1.0  # a difference no write explains
+    gradients._check_text(result, got, want, losses.tokens, "this rank alone", wrote)
+    assert len(result.failures) == 1 and "text grads 'deepstack0' (this rank alone)" in result.failures[0]

@@ -23,26 +23,27 @@ from vdpcp.spec import MicrobatchSpec
 DOC = Path(__file__).resolve().parents[2] / "docs" / "verdicts.md"
 
 # The most telling first; a case's verdict is the first whose condition holds (conditions: `_expected`).
-RUN_ORDER = ["resource", "error", "unsharded-error", "fail", "plan-mismatch", "not-sharded", "unbalanced", "replicated",
-             "pass"]
-JUDGED_ORDER = ["resource", "xfail", "error", "unsharded-error", "fail", "plan-mismatch", "not-sharded", "unbalanced",
-                "xpass", "replicated", "pass"]
+RUN_ORDER = ["resource", "error", "unsharded-error", "fail", "plan-mismatch", "grad-written", "not-sharded", "unbalanced",
+             "replicated", "pass"]
+JUDGED_ORDER = ["resource", "xfail", "error", "unsharded-error", "fail", "plan-mismatch", "grad-written", "not-sharded",
+                "unbalanced", "xpass", "replicated", "pass"]
 # A verdict's exit code as the only one besides passes, for `vdpcp check`; a run exits 1 if any of its verdicts
-# does (wrong results always win), else 3 if any does, else 0.
-CHECK_EXIT = {"pass": 0, "replicated": 0, "xfail": 0, "not-sharded": 3, "unbalanced": 4, "resource": 1, "error": 1,
-              "unsharded-error": 1, "fail": 1, "plan-mismatch": 1, "xpass": 1}
+# does (wrong results always win), else 5 if any does, else 3, else 4, else 0.
+CHECK_EXIT = {"pass": 0, "replicated": 0, "xfail": 0, "grad-written": 5, "not-sharded": 3, "unbalanced": 4, "resource": 1,
+              "error": 1, "unsharded-error": 1, "fail": 1, "plan-mismatch": 1, "xpass": 1}
 # `vdpcp replay`: as check, but a rank out of memory and a spec the unsharded encoder rejects are bad input.
 REPLAY_EXIT = {**CHECK_EXIT, "resource": 2, "unsharded-error": 2}
 # `vdpcp mutants`: a case kills a mutant when its verdict is not passing, but a rank out of memory is no evidence.
 KILLS = {verdict: code != 0 for verdict, code in CHECK_EXIT.items()} | {"resource": False}
 # `vdpcp fuzz` runs cases unjudged: a finding (exit 1) is a run that failed, not one that could not say.
-FINDING = {"error": True, "fail": True, "plan-mismatch": True, "not-sharded": True, "unbalanced": True,
-           "pass": False, "replicated": False, "unsharded-error": False, "resource": False}
+FINDING = {"error": True, "fail": True, "plan-mismatch": True, "grad-written": True, "not-sharded": True,
+           "unbalanced": True, "pass": False, "replicated": False, "unsharded-error": False, "resource": False}
 
 SIGNATURE = "known-limit-signature"
-FLAGS = ("failures", "plan_mismatch", "not_sharded", "unbalanced", "replicated")  # RankResult fields, each set on its own rank
-FLAG_VERDICT = {"failures": "fail", "plan_mismatch": "plan-mismatch", "not_sharded": "not-sharded",
-                "unbalanced": "unbalanced", "replicated": "replicated"}
+# RankResult fields, each set on its own rank
+FLAGS = ("failures", "plan_mismatch", "grad_written", "not_sharded", "unbalanced", "replicated")
+FLAG_VERDICT = {"failures": "fail", "plan_mismatch": "plan-mismatch", "grad_written": "grad-written",
+                "not_sharded": "not-sharded", "unbalanced": "unbalanced", "replicated": "replicated"}
 UNSHARDED = {"none": None, "raised": "ValueError: pixel shuffle needs an even patch grid, got 1x1",
              "oom": "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"}
 ERRORS = {"none": None, "raised": "rank 1 raised ValueError: bad grid 1x1",
@@ -151,7 +152,7 @@ def test_every_set_of_verdicts_across_cases_gives_checks_exit_code_wrong_results
     for n in range(len(CHECK_EXIT) + 1):
         for verdicts in itertools.combinations(CHECK_EXIT, n):
             codes = {CHECK_EXIT[v] for v in verdicts}
-            want = 1 if 1 in codes else 3 if 3 in codes else 4 if 4 in codes else 0
+            want = next((code for code in (1, 5, 3, 4) if code in codes), 0)
             for run in (list(verdicts), ["pass", *verdicts, "pass"]):
                 if exit_code(run) != want:
                     wrong.append(f"{run}: exit {exit_code(run)}, expected {want}")

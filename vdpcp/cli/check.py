@@ -8,7 +8,8 @@ policy says, or a strict xfail failing the known way), 3 when the only others ar
 but some microbatch was not distributed where vision_dp_over_cp should have sharded it: the feature is a
 silent no-op there, which CI should stop on but a script can tell from a wrong result), 4 when the only others are
 unbalanced (every result right and distributed, but a rank carries a whole unit more than the best partition under
-the implementation's own declared objective), 1 when any case fails,
+the implementation's own declared objective), 5 when any is grad-written (every result right, but a backward wrote
+into the gradient it was handed: a consumer that reads it after sees the sum; before 3 and 4), 1 when any case fails,
 errors, mismatches its plan or passes a strict xfail, 2 on bad input.
 """
 
@@ -184,16 +185,19 @@ def _label(rows) -> str:
 
 NOT_SHARDED_EXIT = 3
 UNBALANCED_EXIT = 4
+GRAD_WRITTEN_EXIT = 5
+# The verdicts that exit with a code of their own, the most telling first; every other one that does not pass exits 1.
+OWN_EXIT = {"grad-written": GRAD_WRITTEN_EXIT, "not-sharded": NOT_SHARDED_EXIT, "unbalanced": UNBALANCED_EXIT}
 
 
 def exit_code(verdicts) -> int:
-    """0 when every verdict passes, 3 when the rest are not-sharded (and maybe unbalanced), 4 when they are all
-    unbalanced, else 1 (see the module's docstring)."""
+    """0 when every verdict passes; 1 when any other exits 1; else the code of the first of OWN_EXIT among them
+    (see the module's docstring)."""
     from vdpcp.expectations import PASSING
 
     rest = {v for v in verdicts if v not in PASSING}
     if not rest:
         return 0
-    if rest <= {"not-sharded", "unbalanced"}:
-        return NOT_SHARDED_EXIT if "not-sharded" in rest else UNBALANCED_EXIT
+    if rest <= set(OWN_EXIT):
+        return next(code for verdict, code in OWN_EXIT.items() if verdict in rest)
     return 1

@@ -7,7 +7,8 @@ placeholders), the verdict judged as `vdpcp check` judges it (a known upstream l
 is an xfail with its reason; --no-known-limits sets the limit aside, so an upstream bug's reproduction fails
 until it is fixed), the failure signature against the saved one, and for an errored case the failing rank's
 traceback. The case is sized before anything is built (vdpcp.budget): one over --max-spec-bytes
-is refused. Exit as `vdpcp check` does: 0 pass, replicated or xfail, 3 not-sharded, 4 unbalanced, 1 any other failure, 2 bad
+is refused. Exit as `vdpcp check` does: 0 pass, replicated or xfail, 3 not-sharded, 4 unbalanced, 5 grad-written, 1 any other
+failure, 2 bad
 spec or options, including a spec over the limit, one the unsharded encoder rejects too (then sharding is not to
 blame), and a rank out of memory (a resource failure, not a verdict).
 """

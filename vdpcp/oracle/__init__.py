@@ -22,8 +22,9 @@ takes L = sum over r of L_r. With sharding on, it then checks:
    the implementation says an empty rank may skip it;
    with sharding off, no collective is issued on the CP group;
 5. the text stream's gradient, a second consumer of the merged stream's gradient, bit for bit: on this rank its own
-   loss's, summed over the CP ranks the unsharded one (a gather whose backward writes into the gradient it was
-   handed changes it);
+   loss's, summed over the CP ranks the unsharded one; and the gradient vdpcp hands each output's backward, kept with
+   a copy (handed.py): a backward that writes into it is grad-written (a note where the implementation declares
+   ``merges_copy``), and a text-stream difference that is exactly what the write added is not said again;
 6. did it shard: which rows reached each rank's tower, seen at the tower's inputs whatever the grad mode
    (vdpcp.reads): a tower that also runs rows of other ranks, under no_grad too, read them, which is not-sharded;
    and where the implementation declares the objective its partition balances, each rank's load from what it read
@@ -45,8 +46,9 @@ one GPU take turns for the unsharded arm and its exact run where the case would 
 The package, one module per job (docs/architecture.md): arms.py ``check`` and the sharded arm, each check in its
 order; unsharded.py the unsharded arm, what the sharded one is held to; weights.py whose loss weights and rows are
 this rank's own; execution.py what really ran (forward pre-hooks) and the execution checks; split.py whether the
-work was split as the case expects; gradients.py the input, parameter and text-stream gradient checks; telemetry.py
-time and memory figures; failures.py a check's failure line into its result.
+work was split as the case expects; gradients.py the input, parameter and text-stream gradient checks; handed.py
+the gradient handed each output's backward, and what the backward wrote into it; telemetry.py time and memory
+figures; failures.py a check's failure line into its result.
 """
 
 from vdpcp.oracle.arms import TURNS_ABOVE, check

@@ -14,12 +14,13 @@ from vdpcp import budget, comm, gloo_collectives, load_balance, loss, model_cach
 from vdpcp.case import Case, RankResult
 from vdpcp.harness.turns import turn
 from vdpcp.harness.worker import setting_up
+from vdpcp.oracle import handed
 from vdpcp.oracle.execution import Execution, _check_layers_ran, _check_param_grads_exist, ran_by_rank, required_layers
 from vdpcp.oracle.failures import _fail, _fail_into, _label
 from vdpcp.oracle.gradients import _carried, _check_input_grads, _check_param_grads, _check_rank_alone, _check_text, _pixel_extra
 from vdpcp.oracle.split import _contradicts, _describe, _judge_distribution, _read_table
 from vdpcp.oracle.telemetry import Clock, Memory
-from vdpcp.oracle.unsharded import DTYPES, Unsharded, _sum_shared, _unsharded, pixel_grads, replica_spec
+from vdpcp.oracle.unsharded import DTYPES, Unsharded, _sum_shared, _unsharded, held_config, pixel_grads, replica_spec
 from vdpcp.pixels import fresh, moves_pixels
 from vdpcp.protocol import outputs_of
 from vdpcp.tensor_parallel import held_part
@@ -48,7 +49,7 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
             memory.phase("unsharded peak")
             if unsharded is not None:
                 with gloo_collectives.on_gloo(groups.cp) as swap:  # uneven collectives on gloo, as on NCCL
-                    _sharded(impl, case, model, unsharded, result, groups, clock)
+                    _sharded(impl, case, model, unsharded, result, groups, clock, swap)
                 result.collectives = gloo_collectives.used(swap)
                 memory.phase("sharded peak")
     finally:
@@ -87,18 +88,19 @@ def _turns(ctx, case: Case, result: RankResult):
     return turn(ctx.device, sharing % at_once)
 
 
-def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups, clock) -> None:
+def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups, clock, swap=None) -> None:
     """The sharded arm on the same weights, and every check against the unsharded one."""
-    dtype, config, cp_rank = DTYPES[case.dtype], case.config, groups.cp_rank
+    dtype, config, cp_rank = DTYPES[case.dtype], held_config(impl, case), groups.cp_rank
     device = ref.batch.device  # the tower's: the pixels may be on the host (vdpcp.pixels)
     subject = impl.subject_model(model, case, dtype, device)
     pixels = pixel_grads(impl)
     batch = replace(ref.batch, patches=fresh(ref.batch.patches, pixels))
     prompt = ref.loss.prompt()  # before the encode, as a VLM embeds its tokens first (vdpcp.loss: why it matters)
     copies = traffic.Copies(batch.patches, device) if moves_pixels(impl, case.pixels) else nullcontext()
-    with Execution(subject, ref.index) as ran, comm.Collectives(groups.cp) as issued, reads.coded(batch) as coded, \
+    with Execution(subject, ref.index) as ran, comm.Collectives(groups.cp, _own(swap)) as issued, reads.coded(batch) as coded, \
             copies:
-        out = outputs_of(impl.encode_sharded(subject, impl.inputs(coded), config, groups.cp), f"{impl.name}.encode_sharded")
+        out = outputs_of(impl.encode_sharded(subject, impl.inputs(coded), case.config, groups.cp),
+                         f"{impl.name}.encode_sharded")
     result.encoded = ran.rows
     if not config.shard_vision and case.cp > 1 and issued.count:  # CP 1 configured, or the opt-out: the no-op
         result.failures.append(f"execution: rank {result.rank} issued {issued.count} collective(s) on its CP group "
@@ -150,7 +152,12 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
     if _graphless(result, out, ref.graph, groups.cp):
         return  # decided over the CP group, so every rank stops here alike
 
-    loss.rank_loss(out, ref.loss, prompt, cp_rank).backward()
+    with handed.Handed(out) as kept:  # the gradient each output's backward is handed, and what it wrote into it
+        loss.rank_loss(out, ref.loss, prompt, cp_rank).backward()
+    written = kept.written()
+    if written:  # a finding of its own, or a note where the implementation says its model's merges copy
+        (result.notes if getattr(impl, "merges_copy", False) else result.grad_written).append(
+            handed.line(result, written))
     clock.lap("sharded")
     # The comparisons below hold the gradients within tolerances, not bit for bit: deterministic algorithms off
     # (on CUDA the count sketch's index_add_ then takes its atomic kernel, not a sorting one).
@@ -158,13 +165,18 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
         held = _held(ref.grads, subject, groups.tp_rank, case.tp)
         shares = _held(ref.own_grads, subject, groups.tp_rank, case.tp) if ref.grads is None else None
         texts = prompt.grads()
-        extra = (_pixel_extra(batch, ref.batch, case.cp, cp_rank, owned) if pixels else []) + list(texts.values())
+        wrote = handed.in_tables(written, ref.loss)  # what the write added to the text stream's gradient, if it read it
+        streams = list(texts.values()) + list(wrote.values())
+        extra = (_pixel_extra(batch, ref.batch, case.cp, cp_rank, owned) if pixels else []) + streams
         shares_sketch = ref.rounding.own_share_sketch(case.tp, device) if shares is not None else None
         summed = _check_param_grads(result, subject, held, groups.cp, extra, dtype, ref.rounding.params, shares,
                                     shares_sketch)
-        summed, summed_texts = summed[: len(summed) - len(texts)], summed[len(summed) - len(texts):]
-        _check_text(result, texts, ref.loss.table_grads(cp_rank), ref.loss.tokens, "this rank alone")
-        _check_text(result, dict(zip(texts, summed_texts)), ref.text_grads, ref.loss.tokens, "summed over ranks")
+        summed, summed_texts, summed_wrote = (summed[: len(summed) - len(streams)],
+                                              summed[len(summed) - len(streams) : len(summed) - len(wrote)],
+                                              summed[len(summed) - len(wrote):])
+        _check_text(result, texts, ref.loss.table_grads(cp_rank), ref.loss.tokens, "this rank alone", wrote)
+        _check_text(result, dict(zip(texts, summed_texts)), ref.text_grads, ref.loss.tokens, "summed over ranks",
+                    dict(zip(texts, summed_wrote)))
         pixels = pixels and _carried(result, summed[0])  # the same on every rank: the flags were summed over them
         if pixels:
             _check_input_grads(result, batch, ref, plan, read, summed[1:], owned)
@@ -208,6 +220,11 @@ def _in_host_memory(result: RankResult, out: dict[str, torch.Tensor], copies: tr
         if copies.stand_in and copies.hosts(t):
             result.failures.append(f"{_label('outputs', name, out)}: made in host memory from the host pixels, not on "
                                    f"the tower's device (the stand-in's host: no accelerator here)")
+
+
+def _own(swap):
+    """The running count of the collectives vdpcp's gloo stand-ins issued of their own (none where none is in force)."""
+    return (lambda: swap.own) if swap is not None else (lambda: 0)
 
 
 def _off(config) -> str:

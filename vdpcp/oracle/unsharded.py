@@ -80,6 +80,16 @@ def _sum_split(unsharded: Unsharded) -> None:
         unsharded.grads = [g if given else None for g, given in zip(rest, unsharded.given)]
 
 
+def held_config(impl, case: Case):
+    """The configuration the case holds the implementation to: the case's own, except that an implementation with
+    no opt-out (``has_opt_out`` False: it shards at every CP above 1, by design) is held to sharding where the case
+    turns the feature off; its encode is still handed the case's own configuration."""
+    config = case.config
+    if not getattr(impl, "has_opt_out", True) and not config.vision_dp_over_cp and config.context_parallel_size > 1:
+        return replace(config, vision_dp_over_cp=True)
+    return config
+
+
 def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, device, clock,
                group=None) -> Unsharded | None:
     """The unsharded arm, forward and backward, then its gradients set aside and its rounding measured.
@@ -120,7 +130,7 @@ def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, 
 def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: int, device, clock, batch, out,
                     ran, group) -> Unsharded:
     """The unsharded arm after its forward: the backward, its gradients set aside, its rounding measured."""
-    dtype, config = DTYPES[case.dtype], case.config
+    dtype, config = DTYPES[case.dtype], held_config(impl, case)
     graph = {name: t.requires_grad for name, t in out.items()}
     gradients = gradients_checked(impl, case, out, result)
     if not gradients:  # no backward: let its graph (every activation of the arm) go now
