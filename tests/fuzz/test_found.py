@@ -52,5 +52,5 @@ def test_the_replay_still_fails_as_recorded(path, aside):
     found = saved.load(ROOT / path)
     assert found.signature, f"{path}: no expect.signature to hold the finding to"
     judged = run_judged(found.to_case(), backend="gloo", known_limits=not aside)
-    assert judged.verdict in ("fail", "error"), judged.result.summary()
+    assert judged.verdict in ("fail", "error", "grad-written"), judged.result.summary()
     assert signature(judged.result) == found.signature, judged.result.summary()

@@ -131,6 +131,7 @@ class BridgeExaone45(Implementation):
 
     splits = ("count",)
     preload = (MODELING,)
+    has_opt_out = False  # the release has no switch: it shards at every CP above 1
     loader_pixels = "device"  # Bridge's data step moves each batch to the device before the model
     empty_rank_may_skip = True  # Bridge skips the tower on a rank with no image; transformers' holds no collective
     towers = {size: MediaAxes(patch_dim=patch, temporal_patch_sizes=(1, TEMPORAL_PATCH), min_grid=MERGE,
