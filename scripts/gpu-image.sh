@@ -11,9 +11,12 @@
 #            on it (VDPCP_DEVICE=cuda), float64                                     -> image-matrix-cp2.txt, .json
 #   real     every current shipped subject at its published size, bf16, CP 2 (vdpcp bench towers)
 #                                                                                   -> image-real-cp2.txt, .json
+#   section  the released megatron-bridge 0.6.2 Qwen3-VL vision section as a Bridge engineer plugs it in
+#            (tests/impls/bridge_qwen3_vl_section.py), at its published size, bf16, CP 2: as shipped, and declaring
+#            that its merges copy                                        -> image-section-cp2.txt, .json, -copy.*
 #   (IMAGE_IMPL: other subjects than the current shipped ones; IMAGE_K: only case ids holding it)
 set -u
-ALL="install matrix real"
+ALL="install matrix real section"
 out=${OUT:-reports/gpu}
 if [ "${1:-}" = --out ]; then
     out=${2:?"gpu-image.sh: --out needs a folder"}
@@ -62,6 +65,16 @@ EOF
         (cd "$elsewhere" && VDPCP_DEVICE=cuda vdpcp bench towers --impl $impls --cp 2 --dtype bfloat16 --backend gloo \
             $match --json "$out/image-real-cp2.json") > "$out/image-real-cp2.txt" 2>&1
         echo "real: exit $?"; tail -5 "$out/image-real-cp2.txt"
+        ;;
+    section)
+        cp tests/impls/bridge_qwen3_vl_section.py "$elsewhere/"
+        for object in section section_merges_copy; do
+            name=image-section-cp2${object#section}; name=${name/_merges_copy/-copy}
+            # shellcheck disable=SC2086
+            (cd "$elsewhere" && VDPCP_DEVICE=cuda vdpcp bench towers --impl "bridge_qwen3_vl_section:$object" --cp 2 \
+                --dtype bfloat16 --backend gloo $match --json "$out/$name.json") > "$out/$name.txt" 2>&1
+            echo "section $object: exit $?"; tail -3 "$out/$name.txt"
+        done
         ;;
     *) echo "gpu-image.sh: unknown step $step; expected some of: $ALL" >&2; exit 2 ;;
     esac
