@@ -37,10 +37,8 @@ from dataclasses import dataclass
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 ENV = "VDPCP_MAX_SPEC_BYTES"
 FLAG = "--max-spec-bytes"
-# For a 2-core, 24 GB machine shared with other jobs: a third of its memory. The whole suite peaks at +3.3 GB and
-# its largest case (video at CP=8) needs 108 MiB; a captured 12-image microbatch at P=16 (9.4k patches) needs
-# 2.1 GiB at CP=4; a 36-image one (83k patches) needs 34 GiB at CP=8, more than such a machine has, and is refused,
-# as is a size typo (one 65536 x 65536 image: terabytes).
+# A third of a 2-core, 24 GB CI runner shared with other jobs: far above the suite's largest case, and low enough
+# to refuse a microbatch such a machine cannot hold, or a size typo, in one line before it runs.
 DEFAULT_LIMIT = 8 * GiB
 # A real-size tower's case on this machine's 2 cores: a ViT-L-sized tower on one 448 px image at CP 2 is about 12
 # TFLOP (forward and backward of both arms and the exact run, every rank), some minutes; the toy towers' largest
@@ -206,7 +204,7 @@ EXACT_CHUNK = 4096  # patches of whole media items per call of the exact run (vd
 # own share of the unsharded ones too where it has one (a stated plan, or sharding off: its own loss's), and the
 # exact run the same over its own copy of the model.
 # float64 attention takes the math kernel on CUDA (no fused one takes float64): it keeps about this many n x n
-# score tensors a head and layer for backward (measured: Qwen3-VL-8B's tower, one 3072-patch image, 63 GB a rank).
+# score tensors a head and layer for backward, as measured on a real-size tower.
 SCORES_KEPT = 1.0
 
 

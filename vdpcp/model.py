@@ -31,8 +31,8 @@ class TowerConfig:
     layers: int = 2
     max_grid: int = 64  # positions per grid axis
     # Positions kept per axis (None: max_grid). The whole max_grid table is drawn either way, so every weight is
-    # the same whatever is kept; a case keeps what its microbatch needs (Implementation.build_model): the rest was
-    # 131k of the tiny tower's 167k parameters, copied, all-reduced and compared in every case for nothing.
+    # the same whatever is kept; a case keeps what its microbatch needs (Implementation.build_model), since the rest
+    # would be most of the toy tower's parameters, copied, all-reduced and compared for nothing.
     positions: int | None = None
     lm_hidden: int = 48  # the projector's output: the language model's hidden size
     pad_odd_grids: bool = True  # False reproduces the pixel-shuffle crash on placeholder microbatches

@@ -4,8 +4,8 @@ dtype, and the comparisons that hold it.
 float64 compares element by element with torch.testing.assert_close's float64 tolerances: its rounding stays far
 inside them. Below float64 that does not hold. At the size people train, a row's value depends on what else is in
 its batch (other GEMM shapes pick other kernels and other summation orders: "batch invariance", He et al., 2025):
-measured on an H200 with a Qwen2.5-VL-7B-sized tower in bf16, the same three images encoded all together or in the
-two groups CP=2 makes differ by 2.6% (relative 2-norm), as much as bf16 is off float64 (2.3%). So every quantity
+with a Qwen2.5-VL-7B-sized tower in bf16 on a GPU, the same images encoded all together or in the groups CP=2
+makes differ about as much as bf16 is off float64 (docs/precision.md). So every quantity
 is held to what this case's own unsharded run measures of its own rounding (vdpcp.rounding: ``slack``, twice its
 relative distance from an exact run): each quantity passes when |sharded - unsharded| <= (rtol + slack) *
 |unsharded| (2-norms), rtol being assert_close's for the dtype: per token row for outputs, per microbatch row
@@ -25,9 +25,8 @@ CLOSE = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), torch.floa
 # Its rtol for the dtypes compared as norms; float64 compares element by element.
 RTOL = {dtype: rtol for dtype, (rtol, _) in CLOSE.items() if dtype != torch.float64}
 ZERO_ROW = 1e-3
-# Parameter gradients are summed over ranks and compared in buckets of this many elements, so a 670M-parameter
-# tower never needs a second flat copy of its gradients (and a float64 one, 5.4 GB, would be the largest tensor of
-# the case).
+# Parameter gradients are summed over ranks and compared in buckets of this many elements, so a real-size tower
+# never needs a second flat copy of its gradients (a float64 one would be the case's largest tensor).
 BUCKET = 1 << 25
 
 

@@ -78,8 +78,8 @@ def deterministic(device: torch.device, result, model):
     restored after (it is process-global).
 
     They are strict (``warn_only=False``): under ``warn_only`` torch keeps flash and memory-efficient attention's
-    backward on their non-deterministic kernels and says so once per process (measured on the H200: the regrouped
-    run's gradients then differ run to run, and the exact check could not hold them). A ``model`` whose unsharded
+    backward on their non-deterministic kernels and says so once per process, so the regrouped run's gradients
+    differ run to run and the exact check could not hold them. A ``model`` whose unsharded
     arm raised for an op with no deterministic kernel (``lacking``) runs under ``warn_only`` from then on, and its
     gradients are left to the whole-microbatch checks."""
     if device.type not in STRICT:
@@ -94,9 +94,8 @@ def deterministic(device: torch.device, result, model):
     cudnn_sdp = torch.backends.cuda.cudnn_sdp_enabled()
     op = _LACKING.get(model)
     torch.use_deterministic_algorithms(True, warn_only=op is not None)
-    # cuDNN's attention backward has no deterministic kernel and says nothing (measured on the H200: the regrouped
-    # run's gradients 3e-4 off in bf16 at the real size); flash and memory-efficient attention have one, so SDPA
-    # picks one of them for the case.
+    # cuDNN's attention backward has no deterministic kernel and says nothing, even under strict mode; flash and
+    # memory-efficient attention have one, so SDPA picks one of them for the case.
     torch.backends.cuda.enable_cudnn_sdp(False)
     try:
         with warnings.catch_warnings(record=True) as caught:

@@ -12,8 +12,8 @@ not in cuBLAS matmuls), since that is what training runs with. A float32 case's 
 turn off; a bf16 case's (float32) runs its matmuls and convolutions in TF32 on CUDA (``TF32_EXACT``): 11 significant
 bits, accumulated in float32, against bf16's 8, so the exact run's own error is an eighth of the one it measures,
 and on a GPU's tensor cores rather than its float32 units. Everywhere else the exact run turns TF32 off, so a float32
-case's figure includes TF32's own rounding (the Qwen2.5-VL patch embedding is a Conv3d: 4.6e-4 in float32 on the
-H200).
+case's figure includes TF32's own rounding (the Qwen2.5-VL patch embedding is a Conv3d, far over float32's rtol
+under TF32).
 """
 
 from __future__ import annotations
@@ -349,8 +349,7 @@ def _backward(params, out, summed: dict, share: dict | None, own: list, rest: li
     A chunk wholly the rank's own (its share is the summed weights) or wholly not (a share of zeros) takes one
     backward; only a mixed one takes two, the first keeping the graph for the second. Both go to the input too,
     which so gets the summed loss's gradient. Through .grad, which backward adds to in place: autograd.grad would
-    hand back a whole new set of gradients, one more copy of the tower's than the budget counts (measured on the
-    H200: the reference tower's video chunk 1.25-1.36 times its estimate)."""
+    hand back a whole new set of gradients, one more copy of the tower's than the budget counts."""
     if share is None or not any(w.any() for w in share.values()):
         return own, _into(params, rest, _weighted(out, summed, dtype))
     if all(torch.equal(share[name], summed[name]) for name in summed):

@@ -24,7 +24,7 @@ from vdpcp.impls import resolve
 # What every case body imports, besides its implementation's own preload. A rank worker forked after a faulted
 # case would otherwise import them again; preloaded into the rank zygote, it starts in milliseconds. So is
 # torch.distributed.tensor: torch.testing.assert_close (the oracle's every comparison) imports it at its first call,
-# 1 s of CPU in each fresh worker where no other preload brings it (the reference alone; megatron-core does).
+# a second of CPU in each fresh worker where no other preload brings it.
 RANK_PRELOAD = ("vdpcp.runner", "torch.distributed.tensor")
 
 
@@ -162,7 +162,7 @@ def run_judged(case: Case, backend: str | None = None, timeout: float | None = N
 
 def preload_case_modules(impls=(), extra=()) -> None:
     """Have the rank zygote preload case_preload(impls) and ``extra``, unless a preload is configured already. On GPUs too:
-    measured on the H200, with torch's NVML-based CUDA check (which the zygote sets) the only thread those imports
+    with torch's NVML-based CUDA check (which the zygote sets) the only thread those imports
     leave is the CUDA driver's, and workers forked after it use CUDA, gloo and NCCL; the zygote proves that at each
     start. A faulted case then costs a fork, not the imports again (reports/gpu/README.md).
     Callers scope it (harness.config.configured)."""

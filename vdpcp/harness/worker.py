@@ -24,8 +24,8 @@ from vdpcp.harness.protocol import READY, SET_UP, SETTING_UP, Case
 PR_SET_NAME, PR_SET_PDEATHSIG = 15, 1
 # gloo connects a group's peers at its first collective instead of all of them when the group is made (torch's
 # documented TORCH_GLOO_LAZY_INIT; torch 2.6, the declared floor, has no such variable and connects eagerly). MCore
-# makes about 20 groups a case and its vision path uses two: the eager full mesh was most of an MCore case's time
-# here, waiting, not computing (a CP 4 case's groups 205 -> 76 ms; the matrix 74 -> 59 s). A caller's value wins.
+# makes about 20 groups a case and its vision path uses two, so an eager full mesh each would be most of an MCore
+# case's time, spent waiting. A caller's value wins.
 RANK_DEFAULTS = {"TORCH_GLOO_LAZY_INIT": "1"}
 _conn: Connection | None = None  # to the caller, in a worker; None elsewhere (the caller's own process, torchrun)
 
