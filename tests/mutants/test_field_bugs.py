@@ -16,7 +16,7 @@ from vdpcp.mutants import MUTANTS
 
 POWER = Path(__file__).resolve().parents[2] / "docs" / "power.md"
 SHIPPED = ("reference", "mcore", "qwen2_5_vl", "automodel")
-FIELD_BUGS = 18  # the survey's rows (shared/reference/field-bugs.md)
+FIELD_BUGS = 18  # the rows of docs/power.md's survey of bugs the field shipped
 # The cheapest shipped subjects besides the reference, cheapest first (mcore: the toy tower under MCore's gather).
 RUN_ON = ("mcore", "qwen2_5_vl")
 # A rank that skips the backward collective hangs MCore's gather on gloo (its peer waits in a scatter): the kill is

@@ -152,7 +152,7 @@ def _loss_replicated(impl):
     "the last CP rank runs its tower outside autograd (parameters frozen for its call), so its outputs are right "
     "but its tower gets no gradient: the placeholder-only rank that skips its real work, seen from outside",
     kills=("eight-equal-cp2-reference-count", "three-images-cp4-reference-count"),
-    # equal shares first: where the ranks hold different token counts, MCore's gather backward is a known limit on gloo
+    # an equal share and a placeholder rank: the two ways the last rank's tower can be the one detached
 )
 def _tower_detached_on_last_rank(impl):
     import torch.distributed as dist
