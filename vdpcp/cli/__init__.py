@@ -2,9 +2,9 @@
 
 Each subcommand module defines ``register(subparsers)``, which adds its parser and sets ``func``
 (a callable taking the parsed args and returning the exit code). Exit codes: 0 every case passed,
-1 a case failed (or the fuzzer found a failure, or --maxfail stopped the run), 2 bad input, 3 (check, replay)
-every result was right but some microbatch was not sharded where it should have been, 143 (130) stopped by
-SIGTERM (Ctrl-C) after the cases it finished (vdpcp.progress).
+1 a case failed (or the fuzzer found a failure, or --maxfail stopped the run), 2 bad input; check and replay also
+3 (not sharded), 4 (unbalanced) and 5 (a backward wrote into its incoming gradient), as docs/verdicts.md's table
+ranks them; 143 (130) stopped by SIGTERM (Ctrl-C) after the cases it finished (vdpcp.progress).
 """
 
 import argparse
