@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from packaging.requirements import Requirement
 import torch
 
 from vdpcp import rounding, scenarios
@@ -40,13 +41,13 @@ def _pin(lines, package):
 
 
 def test_the_pinned_automodel_runs_on_the_projects_transformers():
-    """Installed without its dependencies: the module under test imports with ours alone (the rank zygote, which
-    tests/conftest.py has preload it, also refuses a preload that starts a thread), and transformers stays ours."""
+    """Installed without its dependencies: the module under test imports with ours alone, and transformers stays
+    what the project's environment resolved (within the extra's range), not Automodel's own pin."""
     importlib.import_module(SHARDING)
     no_deps = (ROOT / "requirements" / "no-deps.txt").read_text().splitlines()
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    [extra] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["transformers"]
     assert version("nemo-automodel") == _pin(no_deps, "nemo-automodel")
-    assert version("transformers") == _pin(project, "transformers")  # not Automodel's own pin, 5.18.0
+    assert Requirement(extra).specifier.contains(version("transformers"))
     assert set(automodel.preload) == {SHARDING, MODELING}
 
 
