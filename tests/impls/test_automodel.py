@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from packaging.requirements import Requirement
 import torch
+from packaging.requirements import Requirement
 
 from vdpcp import rounding, scenarios
 from vdpcp.case import Case
