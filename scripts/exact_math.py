@@ -1,4 +1,4 @@
-"""What a bf16 case's exact run measures, and what it costs, in full float32 against TF32 (vdpcp.rounding.TF32_EXACT):
+"""What a bf16 case's exact run measures, and what it costs, in full float32 against TF32 (vdpcp.oracle.compare.rounding.TF32_EXACT):
 one real-size tower on one GPU, its unsharded arm once, then the exact run in each math, timed, and the slack figures
 each gives (per output row, the parameter gradients, the pixels' per row).
 
@@ -15,12 +15,13 @@ import time
 
 import torch
 
-from vdpcp import loss, rounding
-from vdpcp.case import Case
+from vdpcp.contract.protocol import outputs_of
+from vdpcp.feature import loss
+from vdpcp.feature.pixels import handed
 from vdpcp.impls import resolve
-from vdpcp.pixels import handed
-from vdpcp.protocol import outputs_of
-from vdpcp.scenarios import REAL_SCENARIOS, SCENARIOS
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.scenarios import REAL_SCENARIOS, SCENARIOS
+from vdpcp.oracle.compare import rounding
 
 SPEC = next(s.spec for s in REAL_SCENARIOS if s.spec.name == "three-images")
 TOY = next(s.spec for s in SCENARIOS if s.spec.name == "three-images")

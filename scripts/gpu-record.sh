@@ -57,7 +57,7 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} COLUMNS=240 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # the device tool's rule: no NVLink multicast
 # cuBLAS reads it when CUDA starts: with it, each case runs under deterministic algorithms and the regrouped reference
-# holds gradients bitwise (vdpcp.regrouped; RankResult.deterministic says "on"). Without it, outputs only.
+# holds gradients bitwise (vdpcp.oracle.compare.regrouped; RankResult.deterministic says "on"). Without it, outputs only.
 export CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8}
 python3 - <<'EOF'  # what the record's first line states
 import sys

@@ -19,7 +19,7 @@ def changes_something(subject: str, case) -> bool:
     skipped tower, where some rank holds only placeholders (vdpcp's count plan, parity-tested against MCore's)."""
     from dataclasses import replace
 
-    from vdpcp.sharded import plan_for
+    from vdpcp.feature.sharded import plan_for
 
     if not case.spec.images:
         return False
@@ -35,9 +35,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write each case's verdict per subject")
     args = parser.parse_args(argv)
 
-    from vdpcp import scenarios
     from vdpcp.harness.config import configure
-    from vdpcp.runner import preload_case_modules, run_judged
+    from vdpcp.matrix import scenarios
+    from vdpcp.matrix.runner import preload_case_modules, run_judged
 
     configure(backend="gloo")
     preload_case_modules(["mcore", *SUBJECTS])

@@ -65,24 +65,24 @@ for part in $oracle_parts; do
     module[$part]=vdpcp/oracle/${part#oracle_}.py
     tests[$part]=$oracle_tests
 done
-module[precision]=vdpcp/precision.py
+module[precision]=vdpcp/oracle/compare/precision.py
 tests[precision]="tests/unit/test_precision.py tests/unit/test_precision_figures.py tests/unit/test_shared_rounding.py
   tests/oracle/test_rounding.py tests/oracle/test_precision_model.py
   tests/distributed/test_low_precision.py"
-module[rounding]=vdpcp/rounding.py
+module[rounding]=vdpcp/oracle/compare/rounding.py
 tests[rounding]=${tests[precision]}" tests/distributed/test_shared_exact_run.py"
-module[sketch]=vdpcp/sketch.py
+module[sketch]=vdpcp/oracle/compare/sketch.py
 tests[sketch]="tests/unit/test_sketch.py tests/oracle/test_gradients.py tests/distributed/test_sketched_sum.py"
-module[model_cache]=vdpcp/model_cache.py
+module[model_cache]=vdpcp/oracle/model_cache.py
 tests[model_cache]="tests/unit/test_model_cache.py"
-module[runner]=vdpcp/runner.py
+module[runner]=vdpcp/matrix/runner.py
 tests[runner]="tests/unit/test_case_result_summary.py tests/unit/test_case_faults.py tests/unit/test_verdicts.py
   tests/unit/test_judge.py tests/unit/test_report.py
   tests/bounds/test_entry_points.py::test_run_case_refuses_too_for_callers_of_the_library
   tests/unit/test_duck_parts.py::test_rank_workers_preload_a_ducks_modules tests/distributed/test_oracle_figures.py
   tests/distributed/test_matrix.py::test_case[three-images-cp4-reference-count]
   tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case[loss-replicated]"
-module[fuzz]=vdpcp/fuzz.py
+module[fuzz]=vdpcp/tools/fuzz.py
 tests[fuzz]="tests/fuzz/test_draw_space.py tests/fuzz/test_failure_signature.py tests/fuzz/test_search_defaults.py
   tests/fuzz/test_search_report.py tests/fuzz/test_saved_folder.py tests/fuzz/test_shrink.py tests/fuzz/test_fuzz.py tests/fuzz/test_regressions.py
   tests/unit/test_verdicts.py::test_fuzz_finds_a_failure_in_a_verdict_as_the_table_says
@@ -96,37 +96,37 @@ tests[plugin]="tests/unit/test_root_conftest.py tests/harness/test_config.py tes
   tests/fuzz/test_replay.py::test_pytest_replay_of_a_bad_file_is_a_usage_error
   tests/bounds/test_entry_points.py tests/unit/test_third_party.py::test_megatrons_notices_about_optional_packages_are_silenced"
   # every test that loads the plugin in a pytest of its own (pytester), and the filter lines it adds to this one
-module[expectations]=vdpcp/expectations.py
+module[expectations]=vdpcp/matrix/expectations.py
 tests[expectations]="tests/unit/test_judge.py tests/unit/test_mismatch_judge.py tests/distributed/test_scenarios.py"
-module[ab_judge]=vdpcp/ab/judge.py
+module[ab_judge]=vdpcp/tools/ab/judge.py
 tests[ab_judge]="tests/ab/test_judge.py"
-module[saved]=vdpcp/saved.py
+module[saved]=vdpcp/matrix/saved.py
 tests[saved]="tests/fuzz/test_saved_cp.py tests/fuzz/test_capture.py
   tests/fuzz/test_replay.py::test_every_case_field_round_trips_through_a_saved_file
   tests/fuzz/test_replay.py::test_a_bad_spec_file_exits_2_naming_file_and_field
   tests/fuzz/test_regressions.py::test_every_saved_regression_describes_its_case_and_failure"
-module[capture]=vdpcp/capture.py
+module[capture]=vdpcp/tools/capture.py
 tests[capture]="tests/fuzz/test_capture.py tests/fuzz/test_saved_cp.py"
 module[impls]=vdpcp/impls/__init__.py
 tests[impls]="tests/unit/test_impls.py tests/unit/test_duck_parts.py"
-module[layout]=vdpcp/layout.py
+module[layout]=vdpcp/feature/layout.py
 tests[layout]="tests/unit/test_layout.py tests/ab/test_loss_split.py"
 tp_tests="tests/distributed/test_tensor_parallel.py
   tests/distributed/test_matrix.py::test_case[three-images-cp2-tp2-reference-count]
   tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case[tp-backward-not-reduced]"  # reach the TP code: both below
-module[tensor_parallel]=vdpcp/tensor_parallel.py
+module[tensor_parallel]=vdpcp/feature/tensor_parallel.py
 tests[tensor_parallel]="$tp_tests
   tests/mutants/test_mutants.py::test_a_rank_that_skips_its_tensor_parallel_tower_is_named_not_hung"
 module[reference]=vdpcp/impls/reference.py
 tests[reference]="$tp_tests
   tests/mutants/test_mutants.py::test_mutant_is_killed_by_a_named_case[gather-before-project]"
-module[gloo_collectives]=vdpcp/gloo_collectives.py
+module[gloo_collectives]=vdpcp/oracle/observe/gloo_collectives.py
 tests[gloo_collectives]="tests/distributed/test_gloo_collectives.py"
-module[traffic]=vdpcp/traffic.py
+module[traffic]=vdpcp/oracle/observe/traffic.py
 tests[traffic]="tests/unit/test_traffic.py"
-module[loss]=vdpcp/loss.py
+module[loss]=vdpcp/feature/loss.py
 tests[loss]="tests/unit/test_loss.py tests/oracle"
-module[pixels]=vdpcp/pixels.py
+module[pixels]=vdpcp/feature/pixels.py
 tests[pixels]="tests/unit/test_loader_pixels.py"
 module[bridge_release]=vdpcp/impls/bridge_release.py
 tests[bridge_release]="tests/impls/test_bridge_qwen3_vl.py::test_the_functions_run_are_the_installed_packages_files
@@ -201,7 +201,7 @@ for name in $names; do
 module-path = "${module[$name]}"
 timeout = 900.0
 excluded-modules = []
-test-command = "env VDPCP_TIMEOUT=60 VDPCP_PRELOAD=vdpcp.runner ./run python -m pytest -x -q -n 0 -p no:cacheprovider $selection"
+test-command = "env VDPCP_TIMEOUT=60 VDPCP_PRELOAD=vdpcp.matrix.runner ./run python -m pytest -x -q -n 0 -p no:cacheprovider $selection"
 
 [cosmic-ray.distributor]
 name = "local"

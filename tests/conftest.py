@@ -14,10 +14,10 @@ from importlib.metadata import entry_points
 import pytest
 import torch
 
-from vdpcp import budget
 from vdpcp.harness import config as harness_config
 from vdpcp.impls import BUILT_INS
-from vdpcp.runner import preload_case_modules
+from vdpcp.matrix import budget
+from vdpcp.matrix.runner import preload_case_modules
 
 # The suite's own rank bodies live in test modules, which import pytest: a worker forked fresh (after a fault that
 # left its pool unsound) imported it with its first such body, 0.3 s of CPU each time; in a py-spy profile of the

@@ -11,7 +11,10 @@ Names load on first use, so ``import vdpcp`` (and ``vdpcp --help``) imports no t
 
 import importlib
 
+from vdpcp import _deprecated
 from vdpcp.third_party import silence_import_notices
+
+_deprecated.install()  # the paths modules had before they were grouped by job, for one release
 
 # Here rather than at each entry point: the CLI, pytest (through vdpcp's plugin), the rank zygote and the
 # ranks it forks all import vdpcp before anything can import megatron.
@@ -21,12 +24,12 @@ silence_import_notices()
 _PUBLIC = {
     **dict.fromkeys(("Implementation", "VisionDPConfig", "KnownLimit", "Ownership", "MediaAxes", "Balance",
                      "MismatchError", "GroupMismatchError", "check_group", "CHECK_GROUP_ERROR", "GROUP_MISMATCH_TEXT",
-                     "MAIN_OUTPUT", "outputs_of"), "vdpcp.protocol"),
-    **dict.fromkeys(("ImplError", "resolve", "available", "unavailable"), "vdpcp.impls"),
+                     "MAIN_OUTPUT", "outputs_of"), "vdpcp.contract.protocol"),
+    **dict.fromkeys(("ImplError", "resolve", "available", "unavailable"), "vdpcp.impls.registry"),
     "BridgeEncoder": "vdpcp.impls.bridge",
     "BridgeQwen3VL": "vdpcp.impls.bridge_qwen3_vl",
     **dict.fromkeys(("assert_case", "params", "param", "cases", "expand", "KnownUpstreamLimit"), "vdpcp.testing"),
-    "capture_on_failure": "vdpcp.capture",  # not `capture`: that is the submodule's name
+    "capture_on_failure": "vdpcp.tools.capture",  # not `capture`: that is the submodule's name
     **dict.fromkeys(("run_ranks", "RankContext", "RankFailure"), "vdpcp.harness"),
 }
 __all__ = sorted(_PUBLIC)

@@ -7,7 +7,7 @@ vdpcp.testing); ``--vdpcp-cp N`` (repeatable) limits its CP sizes.
 
 Options: ``--backend {auto,nccl,gloo}`` (default: $VDPCP_BACKEND, else auto) and
 ``--vdpcp-timeout SECONDS`` per case (default: $VDPCP_TIMEOUT, else 120); ``--vdpcp-max-spec-bytes BYTES``, the
-memory a case may need before it is refused unrun (vdpcp.budget; default: $VDPCP_MAX_SPEC_BYTES, else 8G). The ini setting
+memory a case may need before it is refused unrun (vdpcp.matrix.budget; default: $VDPCP_MAX_SPEC_BYTES, else 8G). The ini setting
 ``vdpcp_preload`` (default: $VDPCP_PRELOAD, comma-separated) names modules the rank zygote imports once
 so that every rank starts with them. A test body runs on every rank; the test names it and a world size::
 
@@ -23,9 +23,10 @@ megatron-core's notices that optional packages are missing are filtered out (see
 
 import pytest
 
-from vdpcp import budget, harness, third_party
+from vdpcp import harness, third_party
 from vdpcp.cli import RANKS, SECONDS, number
 from vdpcp.harness.config import BACKENDS, configured
+from vdpcp.matrix import budget
 
 
 def pytest_addoption(parser):
@@ -100,7 +101,7 @@ def pytest_generate_tests(metafunc):
     from vdpcp import testing
     from vdpcp.cli import UsageError, checked_impls, checked_tower
     from vdpcp.impls import defaults
-    from vdpcp.scenarios import CP_SIZES
+    from vdpcp.matrix.scenarios import CP_SIZES
 
     config = metafunc.config
     try:
@@ -206,7 +207,7 @@ class ReplayItem(pytest.Item):
 
     def runtest(self):
         from vdpcp.cli.replay import report
-        from vdpcp.runner import run_judged
+        from vdpcp.matrix.runner import run_judged
 
         known_limits = self.config.getoption("replay_known_limits")
         judged = run_judged(self.case, known_limits=known_limits)

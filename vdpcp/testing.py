@@ -28,9 +28,9 @@ from __future__ import annotations
 import re
 import sys
 
-from vdpcp import expectations, scenarios
-from vdpcp.case import Case
 from vdpcp.harness.config import planned_backend
+from vdpcp.matrix import expectations, scenarios
+from vdpcp.matrix.case import Case
 
 
 class KnownUpstreamLimit(AssertionError):
@@ -73,7 +73,7 @@ def params(impl: str, cps=scenarios.CP_SIZES, **filters) -> list:
 def assert_case(case: Case) -> None:
     """Run the case and judge it: pass, or fail with its summary; a known limit that failed the known way
     raises KnownUpstreamLimit (what its strict xfail mark expects)."""
-    from vdpcp.runner import CORRECT, run_judged
+    from vdpcp.matrix.runner import CORRECT, run_judged
 
     expected = backend_for(case)
     judged = run_judged(case)

@@ -58,5 +58,5 @@ JIT_DEPRECATED = r"`torch\.jit\.script` is deprecated"
 
 
 def ignore_jit_deprecation() -> None:
-    """Inside a warnings.catch_warnings() block: drop JIT_DEPRECATED (vdpcp.reads warms forward-mode AD under it)."""
+    """Inside a warnings.catch_warnings() block: drop JIT_DEPRECATED (vdpcp.oracle.observe.reads warms forward-mode AD under it)."""
     warnings.filterwarnings("ignore", message=JIT_DEPRECATED, category=FutureWarning)

@@ -16,10 +16,10 @@ mkdir -p /tmp/base && tar xzf scratch/carry/base-4848fe6.tar.gz -C /tmp/base
 micro() (  # $1: checkout (a subshell: its cd stays inside)
 cd $1 && PYTHONPATH=$1:/tmp/site timeout 90 python3 - <<'PY' 2>&1 | grep -v -i warn
 import time, torch
-from vdpcp import precision
-from vdpcp.case import Case
+from vdpcp.oracle.compare import precision
+from vdpcp.matrix.case import Case
 from vdpcp.impls import resolve
-from vdpcp.scenarios import REAL_SCENARIOS
+from vdpcp.matrix.scenarios import REAL_SCENARIOS
 spec = next(s.spec for s in REAL_SCENARIOS if s.spec.name == "three-images")
 m = resolve("qwen2_5_vl").build_model(Case(spec, 1, "qwen2_5_vl", dtype="bfloat16", tower="real"), torch.bfloat16, torch.device("cuda"))
 g = torch.Generator(device="cuda").manual_seed(0)

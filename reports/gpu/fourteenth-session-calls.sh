@@ -9,10 +9,10 @@ nvidia-smi --query-gpu=name,power.limit --format=csv,noheader
 echo "== micro $(date +%T)"
 timeout 100 python3 - <<'PY' 2>&1 | grep -v -i warn | tee $OUT/micro.txt
 import copy, time, torch
-from vdpcp import model_cache
-from vdpcp.case import Case
+from vdpcp.oracle import model_cache
+from vdpcp.matrix.case import Case
 from vdpcp.impls import resolve
-from vdpcp.scenarios import REAL_SCENARIOS
+from vdpcp.matrix.scenarios import REAL_SCENARIOS
 spec = next(s.spec for s in REAL_SCENARIOS if s.spec.name == "three-images")
 def t(f, n=3):
     out = []

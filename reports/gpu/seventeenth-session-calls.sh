@@ -14,7 +14,7 @@ i=0
 for run in base head base head; do
   i=$((i+1))
   if [ $run = base ]; then export PYTHONPATH=$PWD/scratch/base:$PWD:/tmp/site; else export PYTHONPATH=$PWD:/tmp/site; fi
-  python3 -c "import vdpcp.reads as r; print('$run', hasattr(r, '_names'))"
+  python3 -c "import vdpcp.oracle.observe.reads as r; print('$run', hasattr(r, '_names'))"
   timeout 120 python3 -m vdpcp bench towers --cp 2 --dtype bfloat16 --backend gloo -k three-images \
       --json $OUT/three-images-cp2-$i-$run.json > $OUT/three-images-cp2-$i-$run.txt 2>&1
 done

@@ -15,10 +15,10 @@ PYTHONPATH=$PWD:/tmp/site timeout 120 python3 scripts/exact_math.py reference qw
 echo "== fingerprint $(date +%T)"
 PYTHONPATH=$PWD:/tmp/site timeout 60 python3 - <<'PY' 2>&1 | grep -v -i warn | tee $OUT/fingerprint.txt
 import time, torch
-from vdpcp import model_cache
-from vdpcp.case import Case
+from vdpcp.oracle import model_cache
+from vdpcp.matrix.case import Case
 from vdpcp.impls import resolve
-from vdpcp.scenarios import REAL_SCENARIOS
+from vdpcp.matrix.scenarios import REAL_SCENARIOS
 spec = next(s.spec for s in REAL_SCENARIOS if s.spec.name == "three-images")
 for name in ("reference", "qwen2_5_vl"):
     m = resolve(name).build_model(Case(spec, 1, name, dtype="bfloat16", tower="real"), torch.bfloat16, torch.device("cuda"))

@@ -1,6 +1,6 @@
 """`vdpcp ab` as a user runs it, on gloo ranks: the reference passes at float64 and writes its JSON and PNG, a
 gradient bug in the sharded arm fails it (exit 1), bad input is one line and exit 2, and the GPU entry
-(`python -m vdpcp.ab`) runs where megatron-core is missing."""
+(`python -m vdpcp.tools.ab`) runs where megatron-core is missing."""
 
 import json
 import os
@@ -58,6 +58,6 @@ def test_the_gpu_entry_runs_where_megatron_is_missing(tmp_path):
     blocker.mkdir()
     (blocker / "__init__.py").write_text("raise RuntimeError('vdpcp ab imported megatron')\n")  # not ImportError: no fallback hides it
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, "-m", "vdpcp.ab", "--cp", "2", "--steps", "1", "--accumulate", "1",
+    done = subprocess.run([sys.executable, "-m", "vdpcp.tools.ab", "--cp", "2", "--steps", "1", "--accumulate", "1",
                            "--backend", "gloo"], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr

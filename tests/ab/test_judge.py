@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-from vdpcp.ab.judge import PER_STEP, judge, tolerance_for
-from vdpcp.ab.stream import Draw
-from vdpcp.ab.train import ARMS, Run
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.feature.spec import MicrobatchSpec
+from vdpcp.tools.ab.judge import PER_STEP, judge, tolerance_for
+from vdpcp.tools.ab.stream import Draw
+from vdpcp.tools.ab.train import ARMS, Run
 
 STEPS = 3
 DRAWS = [[Draw(MicrobatchSpec(images=((16, 16),) * 2, name=f"step{k}"), "even")] for k in range(STEPS)]

@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from vdpcp.ab.vlm import IGNORE, labels, rank_loss
-from vdpcp.layout import zigzag_positions
-from vdpcp.lm import LanguageModel, LMConfig
+from vdpcp.feature.layout import zigzag_positions
+from vdpcp.tools.ab.lm import LanguageModel, LMConfig
+from vdpcp.tools.ab.vlm import IGNORE, labels, rank_loss
 
 
 @pytest.mark.parametrize("length", [1, 7, 8, 45, 64])

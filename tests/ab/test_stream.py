@@ -3,8 +3,8 @@ dataset, and is the same every time for the same seed."""
 
 import pytest
 
-from vdpcp.ab.stream import cut, kind_of, schedule
-from vdpcp.datasets import generate
+from vdpcp.feature.datasets import generate
+from vdpcp.tools.ab.stream import cut, kind_of, schedule
 
 
 @pytest.mark.parametrize("dataset", ["doc-qa", "multi-image", "video"])

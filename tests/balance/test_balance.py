@@ -4,11 +4,11 @@ import functools
 
 import pytest
 
-from vdpcp import balance
-from vdpcp.balance import SPLIT_NAMES, compare, split_balance, unit_costs
-from vdpcp.datasets import DATASETS, generate
-from vdpcp.plan import COSTS
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.feature import balance
+from vdpcp.feature.balance import SPLIT_NAMES, compare, split_balance, unit_costs
+from vdpcp.feature.datasets import DATASETS, generate
+from vdpcp.feature.plan import COSTS
+from vdpcp.feature.spec import MicrobatchSpec
 
 SEEDS = range(100)
 ALPHA = balance.DEFAULT_ALPHA

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from vdpcp.balance import SPLIT_NAMES
 from vdpcp.cli import main
-from vdpcp.datasets import generate
+from vdpcp.feature.balance import SPLIT_NAMES
+from vdpcp.feature.datasets import generate
 
 
 def test_balance_on_a_dataset_prints_every_rank_and_saves_the_chart(tmp_path, capsys):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from vdpcp.datasets import DATASETS, DatasetError, generate
+from vdpcp.feature.datasets import DATASETS, DatasetError, generate
 
 SEEDS = range(50)
 

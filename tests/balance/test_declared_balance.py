@@ -1,12 +1,13 @@
-"""The balance check (vdpcp.load_balance), pure: vdpcp's own balanced and packed splits pass it on every matrix
+"""The balance check (vdpcp.oracle.observe.declared_balance), pure: vdpcp's own balanced and packed splits pass it on every matrix
 microbatch; a contiguous partition with a cut one unit short on equal units is unbalanced; nothing declared, nothing judged."""
 
 import pytest
 
-from vdpcp import load_balance, scenarios
-from vdpcp.plan import make_plan
-from vdpcp.protocol import Balance
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.contract.protocol import Balance
+from vdpcp.feature.plan import make_plan
+from vdpcp.feature.spec import MicrobatchSpec
+from vdpcp.matrix import scenarios
+from vdpcp.oracle.observe import declared_balance as load_balance
 
 SPECS = {c.spec.name: c.spec for c in scenarios.matrix(impls=("reference",))}.values()
 

@@ -2,10 +2,10 @@
 
 import pytest
 
-from vdpcp.bench.wire import local_tokens, mcore_gather_bytes, reference_gather_bytes, wire_table
-from vdpcp.datasets import generate
-from vdpcp.plan import make_plan
-from vdpcp.sharded import real_tokens
+from vdpcp.feature.datasets import generate
+from vdpcp.feature.plan import make_plan
+from vdpcp.feature.sharded import real_tokens
+from vdpcp.tools.bench.wire import local_tokens, mcore_gather_bytes, reference_gather_bytes, wire_table
 
 P = 16
 WIDTH, ITEM = 10, 2

@@ -1,4 +1,4 @@
-"""vdpcp.budget, in one process: what a case needs from its shapes, the limit and its scope, the one-line refusal
+"""vdpcp.matrix.budget, in one process: what a case needs from its shapes, the limit and its scope, the one-line refusal
 just over it, out-of-memory texts told from verdicts, and long specs summarized."""
 
 import json
@@ -6,15 +6,15 @@ import json
 import pytest
 import torch
 
-from vdpcp import budget, expectations
-from vdpcp import spec as specs
-from vdpcp.case import Case, RankResult
-from vdpcp.expectations import judge, known_limit
-from vdpcp.fuzz import MAX_GRID, TUBELET_SIZES
+from vdpcp.feature import spec as specs
+from vdpcp.feature.spec import MicrobatchSpec, SpecError, SpecTooLarge
 from vdpcp.impls import resolve
 from vdpcp.impls.reference import Reference
-from vdpcp.runner import CaseResult
-from vdpcp.spec import MicrobatchSpec, SpecError, SpecTooLarge
+from vdpcp.matrix import budget, expectations
+from vdpcp.matrix.case import Case, RankResult
+from vdpcp.matrix.expectations import judge, known_limit
+from vdpcp.matrix.runner import CaseResult
+from vdpcp.tools.fuzz import MAX_GRID, TUBELET_SIZES
 
 from .out_of_memory import CPU_ALLOCATOR
 
@@ -88,7 +88,7 @@ def test_a_microbatch_the_implementations_fallback_replicates_is_held_as_the_opt
 
 
 def test_an_outputs_only_cases_exact_run_holds_its_model_copy_and_no_activations():
-    # Its exact run is a forward under no_grad (vdpcp.rounding.measure): measured on the H200, estimates that held
+    # Its exact run is a forward under no_grad (vdpcp.oracle.compare.rounding.measure): measured on the H200, estimates that held
     # the exact run's float32 activations were 1.4 to 4.3 times MCore's outputs-only peaks.
     case = Case(spec([[64, 64]] * 8), 2, dtype="bfloat16", grads=False)
     need = budget.need(case, device="cuda")
@@ -245,7 +245,7 @@ def test_a_compute_limit_that_is_not_a_finite_positive_number_is_one_error_namin
 # --- out of memory is a resource failure, not a verdict ----------------------------------------------------
 
 # As the harness words it (vdpcp.harness.outcome): rank 0, waiting in the gather, quotes rank 1's error.
-RANK_FAILURE = ("vdpcp.runner.rank_body (gloo, world size 2) failed on 2 of 2 ranks: rank 0 hung: still running 3 s after "
+RANK_FAILURE = ("vdpcp.matrix.runner.rank_body (gloo, world size 2) failed on 2 of 2 ranks: rank 0 hung: still running 3 s after "
                 "rank 1 raised {exc}; rank 1 raised {exc}\n\n"
                 "----- rank 0: hung: still running 3 s after rank 1 raised {exc} -----\n  File \"comm.py\", line 34 in forward\n\n"
                 "----- rank 1: raised {exc} -----\nTraceback (most recent call last):\n  ...\n{exc}")

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from vdpcp import budget, runner
-from vdpcp.capture import capture, capture_on_failure
-from vdpcp.case import Case
 from vdpcp.cli import main
-from vdpcp.fuzz import Search, fuzz
-from vdpcp.spec import MicrobatchSpec, SpecTooLarge
+from vdpcp.feature.spec import MicrobatchSpec, SpecTooLarge
+from vdpcp.matrix import budget, runner
+from vdpcp.matrix.case import Case
+from vdpcp.tools.capture import capture, capture_on_failure
+from vdpcp.tools.fuzz import Search, fuzz
 
 # Sized for this machine's CPU (its memory limit, its compute limit, its messages), whatever VDPCP_DEVICE a job
 # exports; the GPU's figures are asked for by name (device="cuda").

@@ -1,13 +1,13 @@
-"""What the busiest GPU holds where a case's ranks do not divide over the GPUs (vdpcp.budget): the busiest GPU takes
+"""What the busiest GPU holds where a case's ranks do not divide over the GPUs (vdpcp.matrix.budget): the busiest GPU takes
 the ranks rounded UP (5 ranks on 2 GPUs: 3 on one of them), taking turns for the unsharded arm where more than one
 shares it. Rounded down, it would be sized for too few ranks on 2 GPUs (1 of 3, no turns: too small) and for none,
 read as every rank at once, on 4 (too large)."""
 
 import pytest
 
-from vdpcp import budget
-from vdpcp.case import Case
-from vdpcp.spec import MicrobatchSpec, SpecTooLarge
+from vdpcp.feature.spec import MicrobatchSpec, SpecTooLarge
+from vdpcp.matrix import budget
+from vdpcp.matrix.case import Case
 
 SPEC = MicrobatchSpec(images=((16, 16), (16, 32)) * 6, name="twelve")
 

@@ -10,11 +10,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from vdpcp import sharded
-from vdpcp.case import Case
+from vdpcp.feature import sharded
+from vdpcp.feature.spec import MicrobatchSpec
 from vdpcp.impls.reference import Reference
-from vdpcp.runner import run_judged
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.runner import run_judged
 
 ONE_IMAGE = MicrobatchSpec(images=((16, 16),), seed=4, name="one-image")
 

@@ -1,4 +1,4 @@
-"""vdpcp.gloo_collectives against the definitions of its collectives, by hand: what each rank must receive (what
+"""vdpcp.oracle.observe.gloo_collectives against the definitions of its collectives, by hand: what each rank must receive (what
 NCCL gives: output i holds rank i's tensor, bytes as sent), and the gradient each rank's inputs must get, with
 uneven (and empty) sizes, on the CP groups of a CP x DP world (not ranks 0..n-1) and on the whole world, at CP 2
 and 4, in several dtypes; torch's names restored after, raise or not, and in the next case; sizes the ranks
@@ -16,9 +16,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
 
-from vdpcp import gloo_collectives, scenarios
-from vdpcp.layout import Layout, groups
-from vdpcp.runner import run_judged
+from vdpcp.feature.layout import Layout, groups
+from vdpcp.matrix import scenarios
+from vdpcp.matrix.runner import run_judged
+from vdpcp.oracle.observe import gloo_collectives
 
 pytestmark = pytest.mark.distributed
 TORCHS = dist_nn._AlltoAll  # torch's class, as the test process imported it (the rank workers import the same)
@@ -64,7 +65,7 @@ def all_to_all_by_definition(ctx, cp: int, dp: int, dtype):
 
 
 def torchs_own() -> bool:
-    """Whether every name vdpcp.gloo_collectives swaps holds torch's own again."""
+    """Whether every name vdpcp.oracle.observe.gloo_collectives swaps holds torch's own again."""
     return (dist_nn._AlltoAll, dist.all_gather, dist.all_to_all) == (TORCHS, TORCHS_ALL_GATHER, TORCHS_ALL_TO_ALL)
 
 

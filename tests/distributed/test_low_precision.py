@@ -7,8 +7,8 @@ tensor. These cases check both halves of that claim: the feature passes, and bug
 
 import pytest
 
-from vdpcp.runner import run_case
-from vdpcp.scenarios import matrix
+from vdpcp.matrix.runner import run_case
+from vdpcp.matrix.scenarios import matrix
 
 DTYPES = ("bfloat16", "float32")
 CASES = ("eleven-images-cp4-reference-count", "mixed-sizes-cp4-reference-balanced",

@@ -1,5 +1,5 @@
 """The count plan is MCore 0.19.2's split: on a real CP group, for hundreds of random microbatches, each rank's
-output of split_to_context_parallel_ranks_dynamic_res equals what vdpcp.plan.make_plan(strategy="count")
+output of split_to_context_parallel_ranks_dynamic_res equals what vdpcp.feature.plan.make_plan(strategy="count")
 says that rank gets: local imgs_sizes, cu_seqlens, max_seqlen, num_padded_ranks, local num_frames, and the
 local patches (its slice of the global patches, then one zero patch per placeholder).
 
@@ -7,7 +7,7 @@ MCore's split reads its CP group from parallel_state, which needs a real process
 one case on the harness's ranks that splits the whole corpus. The corpus is generated from a fixed seed and
 holds every scenario of SCENARIOS at every CP size, plus KNOWN_GIVE_UPS.
 
-Where MCore's tubelet-aware split gives up (see vdpcp.plan.mcore_gives_up) the count plan deliberately
+Where MCore's tubelet-aware split gives up (see vdpcp.feature.plan.mcore_gives_up) the count plan deliberately
 differs: that class is held to the same checks in a strict xfail, so a fixed MCore shows up as an XPASS.
 """
 
@@ -19,9 +19,9 @@ import random
 import pytest
 import torch
 
+from vdpcp.feature.plan import make_plan, mcore_gives_up
+from vdpcp.feature.spec import MicrobatchSpec
 from vdpcp.harness import run_ranks
-from vdpcp.plan import make_plan, mcore_gives_up
-from vdpcp.spec import MicrobatchSpec
 
 pytestmark = pytest.mark.distributed
 
@@ -95,7 +95,7 @@ def empty(rng, P, cp):
 SCENARIOS = (fewer_images_than_ranks, remainder, mixed_sizes, videos, fewer_tubelets_than_ranks, videos_and_stills,
              frames_at_T1, empty)
 
-# Smallest inputs on which MCore's tubelet split gives up, by CP size (found by enumeration over vdpcp.plan's rules).
+# Smallest inputs on which MCore's tubelet split gives up, by CP size (found by enumeration over vdpcp.feature.plan's rules).
 KNOWN_GIVE_UPS = {
     4: [{"name": "video-6-frames-T3", "images": [[8, 8]] * 6, "num_frames": [6], "temporal_patch_size": 3}],
     8: [{"name": "video-6-frames-T4", "images": [[8, 8]] * 6, "num_frames": [6], "temporal_patch_size": 4}],

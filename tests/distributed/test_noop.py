@@ -2,7 +2,7 @@
 is the unsharded one exactly (the same computation, so the outputs are bitwise equal).
 
 Counting is done in the ranks by wrapping torch.distributed's collectives; the checker's own sums
-(vdpcp.comm.all_reduce_sums) and MCore's group set-up are not the encoder path and are left uncounted.
+(vdpcp.feature.comm.all_reduce_sums) and MCore's group set-up are not the encoder path and are left uncounted.
 A sharded case is the control: the same counter must see its gather.
 """
 
@@ -14,11 +14,12 @@ import pytest
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from vdpcp import comm, scenarios
-from vdpcp.case import Case
+from vdpcp.feature import comm
 from vdpcp.harness import run_ranks
 from vdpcp.impls import BUILT_INS, mcore
-from vdpcp.runner import rank_body
+from vdpcp.matrix import scenarios
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.runner import rank_body
 
 COLLECTIVES = (
     "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all", "all_to_all_single",

@@ -5,10 +5,10 @@ saw, and the largest errors, which are rounding on a passing case and the bug's 
 import pytest
 
 from tests.unit.test_duck_parts import Full
-from vdpcp import scenarios
-from vdpcp.case import Case
-from vdpcp.runner import run_case
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.feature.spec import MicrobatchSpec
+from vdpcp.matrix import scenarios
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.runner import run_case
 
 MATRIX = {case.id: case for case in scenarios.matrix(cps=(2, 4), special=False, layouts=False)}
 ROUNDING = 1e-12  # float64: the sharded and unsharded sums differ by a few units in the last place, never more

@@ -8,12 +8,12 @@ import json
 import pytest
 
 from tests.oracle import subjects
-from vdpcp import expectations, scenarios
-from vdpcp.case import Case, RankResult
-from vdpcp.impls import GROUP_MISMATCH_TEXT
-from vdpcp.plan import STRATEGIES
-from vdpcp.runner import CaseResult
-from vdpcp.spec import MicrobatchSpec, SpecError
+from vdpcp.contract.protocol import GROUP_MISMATCH_TEXT
+from vdpcp.feature.plan import STRATEGIES
+from vdpcp.feature.spec import MicrobatchSpec, SpecError
+from vdpcp.matrix import expectations, scenarios
+from vdpcp.matrix.case import Case, RankResult
+from vdpcp.matrix.runner import CaseResult
 
 MATRIX = scenarios.matrix()
 FAMILIES = {"fewer-images", "exact-remainder", "multi-image", "tubelets", "dataset"}
@@ -79,7 +79,7 @@ def test_every_case_whose_backward_alone_hits_a_limit_also_runs_outputs_only():
 
 
 def test_mcore_meets_no_limit_on_gloo_that_it_does_not_meet_on_nccl_and_has_no_outputs_only_cases():
-    # Its gather's backward runs on gloo (vdpcp.gloo_collectives): every gradient case is judged there.
+    # Its gather's backward runs on gloo (vdpcp.oracle.observe.gloo_collectives): every gradient case is judged there.
     cases = _cases(impl="mcore")
     assert all(expectations.known_limit(c, "gloo") is expectations.known_limit(c, "nccl") for c in cases)
     assert all(c.grads for c in cases)

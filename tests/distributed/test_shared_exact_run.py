@@ -1,4 +1,4 @@
-"""The exact run shared out over the CP ranks (vdpcp.rounding.Share): each rank runs the chunks of the media it owns
+"""The exact run shared out over the CP ranks (vdpcp.oracle.compare.rounding.Share): each rank runs the chunks of the media it owns
 and the figures are summed over the group. It must measure what each rank running it whole measures: each output
 row's and microbatch row's figure bit for bit as its owner measures it whole (the same chunk, run by the same rank;
 another rank's chunks group other media with it, which moves the last bits), the rank-alone figure bit for bit, and
@@ -10,12 +10,14 @@ import math
 import pytest
 import torch
 
-from vdpcp import comm, loss, oracle, rounding, sketch
-from vdpcp.case import Case
+from vdpcp import oracle
+from vdpcp.contract.protocol import Ownership, outputs_of
+from vdpcp.feature import comm, loss
 from vdpcp.impls import resolve
-from vdpcp.oracle import arms, weights
-from vdpcp.protocol import Ownership, outputs_of
-from vdpcp.scenarios import SCENARIOS, matrix
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.scenarios import SCENARIOS, matrix
+from vdpcp.oracle import arms
+from vdpcp.oracle.compare import rounding, sketch, weights
 
 SPECS = {s.spec.name: s.spec for s in SCENARIOS}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -166,7 +168,8 @@ def _shared_by_oracle(ctx, case, turns: bool):
     turn, and the case's failures."""
     from contextlib import contextmanager
 
-    from vdpcp import comm, runner
+    from vdpcp.feature import comm
+    from vdpcp.matrix import runner
 
     seen, inside, saved = [], [], (rounding.measure, arms._turns, comm.all_reduce_sums)
 
@@ -257,7 +260,7 @@ def _dealt(ctx, impl):
     out = outputs_of(resolve("automodel").encode(model, resolve("automodel").inputs(spec.tensors(dtype=torch.bfloat16))),
                      "automodel.encode")
     try:
-        deal = weights._deal(impl, spec, out, None)
+        deal = weights.dealt_ownership(impl, spec, out, None)
     except ValueError as err:
         return str(err)
     rows = [i for i, hit in enumerate(deal.own_tokens(ctx.rank)) if hit]

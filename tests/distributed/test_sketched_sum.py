@@ -1,4 +1,4 @@
-"""The oracle's sketched sum of parameter gradients over real gloo ranks (vdpcp.oracle.gradients._check_sketched_param_grads):
+"""The oracle's sketched sum of parameter gradients over real gloo ranks (vdpcp.oracle.compare.gradients._check_sketched_param_grads):
 the ranks' count sketches sum to the sketch of their gradients' sum, so a correct sum passes on every rank and one
 off fails on every rank. The toy towers sum their gradients as they are, so this is where the CPU suite runs the
 sketch across processes; the real-size towers take it on the GPU (reports/gpu/README.md)."""
@@ -9,10 +9,9 @@ import re
 import pytest
 import torch
 
-from vdpcp import precision, rounding, sketch
-from vdpcp.case import Case, RankResult
-from vdpcp.oracle import gradients
-from vdpcp.scenarios import SCENARIOS
+from vdpcp.matrix.case import Case, RankResult
+from vdpcp.matrix.scenarios import SCENARIOS
+from vdpcp.oracle.compare import gradients, precision, rounding, sketch
 
 
 def _grads(rank: int):
@@ -32,7 +31,7 @@ def sketched_sum(ctx, off: float):
     try:
         result = RankResult(ctx.rank)
         extra = torch.full((2,), float(ctx.rank + 1), dtype=torch.bfloat16)
-        (summed,) = gradients._check_param_grads(result, model, expected, None, [extra], torch.bfloat16, 0.0)
+        (summed,) = gradients.check_param_grads(result, model, expected, None, [extra], torch.bfloat16, 0.0)
     finally:
         sketch.WIDTH = width
     return result.failures, summed.tolist(), result.param_grad_err != result.param_grad_err
@@ -71,7 +70,7 @@ def sketched_shares(ctx, off: float):
     sketch.WIDTH = 1024
     try:
         result = RankResult(ctx.rank)
-        gradients._check_param_grads(result, model, None, None, [], torch.bfloat16, 0.0, shares)
+        gradients.check_param_grads(result, model, None, None, [], torch.bfloat16, 0.0, shares)
     finally:
         sketch.WIDTH = width
     return result.failures
@@ -89,7 +88,7 @@ def test_where_each_rank_holds_its_own_share_the_shares_sketches_are_summed_too(
 def _summed_figure(ctx, case, reuse: bool):
     """The summed check's sketched figure and the case's failures, with the exact run's sketch of this rank's own
     share taken as the expected one (``reuse``) or drawn again, and how many gradient elements were sketched."""
-    from vdpcp import runner
+    from vdpcp.matrix import runner
 
     saved = (sketch.WIDTH, precision.compare_vector, sketch.sketch, rounding.Shared.share_sketch)
     figures, drawn = [], []

@@ -9,12 +9,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from vdpcp import mutants
-from vdpcp.case import Case
+from vdpcp.feature.model import TowerConfig, VisionModel
+from vdpcp.feature.spec import MicrobatchSpec
+from vdpcp.feature.tensor_parallel import ParallelMLP, held_part, parallelize
 from vdpcp.impls import resolve
-from vdpcp.model import TowerConfig, VisionModel
-from vdpcp.spec import MicrobatchSpec
-from vdpcp.tensor_parallel import ParallelMLP, held_part, parallelize
+from vdpcp.matrix.case import Case
+from vdpcp.tools import mutants
 
 SPEC = MicrobatchSpec(images=((16, 16), (8, 24), (24, 8)), seed=5, name="three")
 MLP = ("0.weight", "0.bias", "2.weight", "2.bias")

@@ -1,6 +1,6 @@
 """Subjects whose gather is a plain uneven ``torch.distributed.all_gather`` into per-rank tensors of each rank's
 own size (the form Megatron-Bridge's Qwen3-VL gather takes: NCCL runs it, gloo alone refuses it), for
-vdpcp.gloo_collectives's tests. Selected by target (``tests.distributed.uneven_gather:uneven_gather``).
+vdpcp.oracle.observe.gloo_collectives's tests. Selected by target (``tests.distributed.uneven_gather:uneven_gather``).
 
 Each is the reference's sharded path with its gather written this way: forward, one all_gather of each rank's real
 rows; backward, an all_reduce of the whole gradient, then this rank's own rows (zero for its placeholder rows).
@@ -9,7 +9,7 @@ rows; backward, an all_reduce of the whole gradient, then this rank's own rows (
 import torch
 import torch.distributed as dist
 
-from vdpcp import sharded
+from vdpcp.feature import sharded
 from vdpcp.impls.reference import Reference
 
 

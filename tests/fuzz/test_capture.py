@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from vdpcp.capture import capture, capture_on_failure, cp_from_name, name_with_cp
-from vdpcp.spec import MicrobatchSpec, SpecError
+from vdpcp.feature.spec import MicrobatchSpec, SpecError
+from vdpcp.tools.capture import capture, capture_on_failure, cp_from_name, name_with_cp
 
 STILLS = dict(imgs_sizes=[[448, 448], [448, 896]], cp=4, patch_dim=16, seed=18412, name="step18412")
 VIDEO = dict(imgs_sizes=[[32, 48]] * 5 + [[64, 64]], num_frames=[5, 1], temporal_patch_size=2, cp=8, patch_dim=16)

@@ -1,4 +1,4 @@
-"""The space `vdpcp.fuzz.microbatches` draws, pinned at both ends: 1..2*cp media items; grids of 1..8 patches a
+"""The space `vdpcp.tools.fuzz.microbatches` draws, pinned at both ends: 1..2*cp media items; grids of 1..8 patches a
 side, odd ones too; for T > 1 stills and videos of 2..2T+1 frames (a short last tubelet among them); seeds
 0..2**16-1. A derandomized sample shows nothing past an end drawn and (or `hypothesis.find`, where the sample
 lacks it) each end drawn; and shrinking ends where the docstrings say: one still 2x2-patch image, T=1, seed 0,
@@ -7,8 +7,8 @@ an even grid before an odd one."""
 import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 
-from vdpcp.fuzz import microbatches
-from vdpcp.spec import DEFAULT_PATCH_DIM, MicrobatchSpec
+from vdpcp.feature.spec import DEFAULT_PATCH_DIM, MicrobatchSpec
+from vdpcp.tools.fuzz import microbatches
 
 CP = 1  # the cheapest draws (at most 2 media items); the seed, grid and frame strategies do not depend on cp
 GRID_SIDES = range(1, 9)  # patches per side: 1..8
@@ -39,7 +39,7 @@ def _drawable(condition, sample: list[MicrobatchSpec], cp: int = CP) -> Microbat
 
 
 def _smallest(condition) -> MicrobatchSpec:
-    """What shrinking a microbatch that meets ``condition`` ends on, as vdpcp.fuzz shrinks (no explain phase)."""
+    """What shrinking a microbatch that meets ``condition`` ends on, as vdpcp.tools.fuzz shrinks (no explain phase)."""
     return find(microbatches(CP), condition, settings=settings(max_examples=500, phases=[Phase.generate, Phase.shrink], **QUIET))
 
 

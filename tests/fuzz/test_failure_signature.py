@@ -1,16 +1,16 @@
-"""`vdpcp.fuzz.failing_rank`, the rank an errored case blames (what `vdpcp replay` prints and the signature
+"""`vdpcp.tools.fuzz.failing_rank`, the rank an errored case blames (what `vdpcp replay` prints and the signature
 reads): the first rank that raised, else the first reported; its section of the report and no other rank's;
 and, for an error with no rank sections, no rank (-1), the error's first line and the whole text."""
 
 import pytest
 
-from vdpcp.case import Case
-from vdpcp.fuzz import failing_rank, signature
-from vdpcp.runner import CaseResult
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.feature.spec import MicrobatchSpec
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.runner import CaseResult
+from vdpcp.tools.fuzz import failing_rank, signature
 
 CASE = Case(MicrobatchSpec(images=((8, 8),)), 4)
-HEADLINE = "vdpcp.runner.rank_body (gloo, world size 4) failed on 3 of 4 ranks: ..."
+HEADLINE = "vdpcp.matrix.runner.rank_body (gloo, world size 4) failed on 3 of 4 ranks: ..."
 
 
 def section(rank: int, what: str, *body: str) -> str:

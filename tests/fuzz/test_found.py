@@ -1,5 +1,5 @@
 """docs/found.md, the bugs vdpcp found in released or public code: every row's replay, run as the row's command runs
-it, still fails, and the way its file says it failed when it was recorded (vdpcp.fuzz.signature, the file's
+it, still fails, and the way its file says it failed when it was recorded (vdpcp.tools.fuzz.signature, the file's
 ``expect.signature``); every saved case under docs/found is a row's; a row without a replay says why."""
 
 import re
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from vdpcp import saved
-from vdpcp.fuzz import signature
-from vdpcp.runner import run_judged
+from vdpcp.matrix import saved
+from vdpcp.matrix.runner import run_judged
+from vdpcp.tools.fuzz import signature
 
 ROOT = Path(__file__).resolve().parents[2]
 FOUND = ROOT / "docs" / "found.md"

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from vdpcp.case import Case, RankResult
 from vdpcp.cli import main
-from vdpcp.fuzz import MAX_GRID, TUBELET_SIZES, Search, fuzz, microbatches, signature
-from vdpcp.runner import CaseResult
-from vdpcp.sharded import VisionDPConfig, plan_for
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.feature.sharded import VisionDPConfig, plan_for
+from vdpcp.feature.spec import MicrobatchSpec
+from vdpcp.matrix.case import Case, RankResult
+from vdpcp.matrix.runner import CaseResult
+from vdpcp.tools.fuzz import MAX_GRID, TUBELET_SIZES, Search, fuzz, microbatches, signature
 
 REGRESSIONS = Path(__file__).resolve().parents[2] / "vdpcp" / "fixtures" / "regressions"
 CP = 4
@@ -60,7 +60,7 @@ def test_draws_cover_placeholders_odd_grids_mixed_sizes_and_tubelets():
 # --- signatures (no ranks) ---------------------------------------------------------------------------------
 
 CASE = Case(MicrobatchSpec(images=((8, 8),)), 4)
-RAISED = """vdpcp.runner.rank_body (gloo, world size 4) failed on 2 of 4 ranks: rank 0 hung: still running 3 s after rank 2 raised ValueError: bad grid 1x1; rank 2 raised ValueError: bad grid 1x1
+RAISED = """vdpcp.matrix.runner.rank_body (gloo, world size 4) failed on 2 of 4 ranks: rank 0 hung: still running 3 s after rank 2 raised ValueError: bad grid 1x1; rank 2 raised ValueError: bad grid 1x1
 
 ----- rank 0: hung: still running 3 s after rank 2 raised ValueError: bad grid 1x1 -----
 Current thread (most recent call first):

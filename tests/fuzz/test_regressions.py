@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from vdpcp import saved
-from vdpcp.fuzz import FAULT_GRACE_S, signature
-from vdpcp.runner import run_case
+from vdpcp.matrix import saved
+from vdpcp.matrix.runner import run_case
+from vdpcp.tools.fuzz import FAULT_GRACE_S, signature
 
 REGRESSIONS = sorted((Path(__file__).resolve().parents[2] / "vdpcp" / "fixtures" / "regressions").glob("*.json"))
 RUNS = 2

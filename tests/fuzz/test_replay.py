@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from vdpcp.case import Case
 from vdpcp.cli import main
 from vdpcp.cli.replay import plan_lines
-from vdpcp.spec import MicrobatchSpec, SpecError
+from vdpcp.feature.spec import MicrobatchSpec, SpecError
+from vdpcp.matrix.case import Case
 
 pytest_plugins = ["pytester"]
 
@@ -162,7 +162,7 @@ def test_pytest_replay_of_a_bad_file_is_a_usage_error(pytester, tmp_path):
 def test_every_case_field_round_trips_through_a_saved_file(tmp_path):
     from dataclasses import fields
 
-    from vdpcp import saved
+    from vdpcp.matrix import saved
 
     case = Case(MicrobatchSpec(images=((8, 8),), name="x"), 2, impl="mcore", split="count", loss="zigzag",
                 vision_dp_over_cp=False, config_cp=4, dtype="bfloat16", even_pad=False, mutant="grad-averaged",
@@ -172,7 +172,7 @@ def test_every_case_field_round_trips_through_a_saved_file(tmp_path):
 
 
 def test_a_saved_case_whose_pixels_are_neither_the_towers_nor_a_loaders_is_one_clear_error(tmp_path):
-    from vdpcp import saved
+    from vdpcp.matrix import saved
 
     path = tmp_path / "x-cp2.json"
     path.write_text(json.dumps({"name": "x-cp2", "images": [[8, 8]], "case": {"pixels": "disk"}}))

@@ -7,11 +7,11 @@ import re
 
 import pytest
 
-from vdpcp import saved, scenarios
-from vdpcp.capture import capture, capture_on_failure
-from vdpcp.case import Case
 from vdpcp.cli import main
-from vdpcp.spec import MicrobatchSpec, SpecError
+from vdpcp.feature.spec import MicrobatchSpec, SpecError
+from vdpcp.matrix import saved, scenarios
+from vdpcp.matrix.case import Case
+from vdpcp.tools.capture import capture, capture_on_failure
 
 
 def _write(folder, file_name, name, cp=None):

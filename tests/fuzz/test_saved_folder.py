@@ -5,10 +5,10 @@ the saved failures after it. A fake runner stands in for the ranks, so each sear
 
 import json
 
-from vdpcp import fuzz
-from vdpcp.case import RankResult
-from vdpcp.fuzz import Search, signature
-from vdpcp.runner import CaseResult
+from vdpcp.matrix.case import RankResult
+from vdpcp.matrix.runner import CaseResult
+from vdpcp.tools import fuzz
+from vdpcp.tools.fuzz import Search, signature
 
 WRONG_SHAPE = "outputs: shape (2, 48), expected (1, 48)"
 SEARCH = Search(cp=2, budget=50)

@@ -5,11 +5,11 @@ ranks, so nothing is drawn or run."""
 
 import pytest
 
-from vdpcp import fuzz
-from vdpcp.case import RankResult
 from vdpcp.cli import main
 from vdpcp.harness.pool import FAULT_GRACE_S as HARNESS_GRACE_S
-from vdpcp.runner import CaseResult
+from vdpcp.matrix.case import RankResult
+from vdpcp.matrix.runner import CaseResult
+from vdpcp.tools import fuzz
 
 
 class Passing:

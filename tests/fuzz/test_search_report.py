@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from vdpcp import fuzz
-from vdpcp.case import RankResult
-from vdpcp.fuzz import Search, signature
-from vdpcp.runner import CaseResult
+from vdpcp.matrix.case import RankResult
+from vdpcp.matrix.runner import CaseResult
+from vdpcp.tools import fuzz
+from vdpcp.tools.fuzz import Search, signature
 
 WRONG_SHAPE = "outputs: shape (2, 48), expected (1, 48)"
 

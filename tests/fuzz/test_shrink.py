@@ -3,10 +3,10 @@ reported as the finding. A fake runner stands in for the ranks, so the whole sea
 
 import json
 
-from vdpcp import fuzz
-from vdpcp.case import RankResult
-from vdpcp.fuzz import Search, signature
-from vdpcp.runner import CaseResult
+from vdpcp.matrix.case import RankResult
+from vdpcp.matrix.runner import CaseResult
+from vdpcp.tools import fuzz
+from vdpcp.tools.fuzz import Search, signature
 
 WRONG_SHAPE = "outputs: shape (2, 48), expected (1, 48)"  # the first failure: specs of two media items or more
 WRONG_PLAN = "row 0 encoded on rank 0, the plan says rank 1"  # one media item, once anything failed

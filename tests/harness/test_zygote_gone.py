@@ -16,7 +16,7 @@ from tests.harness.processes import alive
 from tests.harness.test_lifecycle import own_shared_pool, pool_directory  # noqa: F401 - a fixture
 from vdpcp.harness import RankFailure, run_ranks, shutdown
 from vdpcp.harness.process import Zygote, ZygoteGone
-from vdpcp.runner import CaseResult
+from vdpcp.matrix.runner import CaseResult
 
 GENEROUS_TIMEOUT = 60.0  # the zygote's death must be noticed long before it
 

@@ -17,8 +17,8 @@ and ``:section_merges_copy``, the same section declaring that its model's merges
 import torch
 import torch.distributed as dist
 
+from vdpcp.contract.protocol import MAIN_OUTPUT, check_group
 from vdpcp.impls.bridge_qwen3_vl import ONE_RANK, UTILS, BridgeQwen3VL, forward_arguments
-from vdpcp.protocol import MAIN_OUTPUT, check_group
 
 
 class Section(BridgeQwen3VL):

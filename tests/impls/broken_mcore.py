@@ -5,8 +5,8 @@ scripts/mcore_mutant_kills.py select them by ``module:object`` target (``tests.i
 Both are right in their outputs; what gives them away is in the gradients (each rank's own share, and which
 layers ran), so on gloo they were seen only where MCore's gather backward ran there."""
 
+from vdpcp.feature.model import output_tokens
 from vdpcp.impls.mcore import MCore
-from vdpcp.model import output_tokens
 
 PLACEHOLDER_TOKENS = output_tokens((1, 1))  # MCore's P x P placeholder: a 1x1 grid, padded to 2x2, one token
 

@@ -15,13 +15,14 @@ import pytest
 import torch
 from packaging.requirements import Requirement
 
-from vdpcp import rounding, scenarios
-from vdpcp.case import Case
+from vdpcp.contract.protocol import MAIN_OUTPUT, VisionDPConfig
+from vdpcp.feature.spec import MicrobatchSpec
 from vdpcp.impls import resolve
 from vdpcp.impls.automodel import MODELING, PATCH, SHARDING, SPLIT, automodel, automodel_shipped, token_grids
-from vdpcp.protocol import MAIN_OUTPUT, VisionDPConfig
-from vdpcp.runner import run_judged
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.matrix import scenarios
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.runner import run_judged
+from vdpcp.oracle.compare import rounding
 from vdpcp.testing import assert_case, params
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,7 +1,7 @@
 """The Bridge adapter (vdpcp.impls.bridge): it calls Bridge's ``_encode_images`` only where the microbatch has
 media, as Bridge's forward does, and otherwise returns what that forward has, no vision features ([0, the projector's
 output width], in its dtype, no graph), or one error naming what the model lacks to say that width; and it leaves
-nothing of a case on the model: a model reused for the next case (the rank's cache, vdpcp.model_cache) is copied for
+nothing of a case on the model: a model reused for the next case (the rank's cache, vdpcp.oracle.model_cache) is copied for
 the exact run below float64, and a ProcessGroup left on it cannot be copied (measured on the H200: every
 nemotron-omni case after the first on a worker errored)."""
 
@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from vdpcp.case import Case
+from vdpcp.contract.protocol import VisionDPConfig
+from vdpcp.feature.spec import MicrobatchSpec
 from vdpcp.impls.bridge import BridgeEncoder
 from vdpcp.impls.nemotron_omni import SIZES, Projection
-from vdpcp.protocol import VisionDPConfig
-from vdpcp.runner import run_judged
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.runner import run_judged
 
 P = SIZES["toy"].patch
 SPEC = MicrobatchSpec(((4 * P, 4 * P), (2 * P, 4 * P), (4 * P, 2 * P)), patch_dim=P, seed=2, name="three-even")

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from vdpcp import scenarios
-from vdpcp.case import Case
+from vdpcp.contract.protocol import MAIN_OUTPUT, VisionDPConfig
 from vdpcp.impls import FIXTURES, SHIPPED, bridge_qwen3_vl, bridge_release, resolve
 from vdpcp.impls.bridge_exaone45 import MODEL, UTILS, bridge_exaone45, tower_config
-from vdpcp.protocol import MAIN_OUTPUT, VisionDPConfig
-from vdpcp.runner import run_judged
+from vdpcp.matrix import scenarios
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.runner import run_judged
 
 TABLE = [s for s in scenarios.scenarios(fixtures=None) if s.spec.name in ("one-image", "three-images", "video-and-images")]
 MISSING_GROUP = "AllGatherVisionEmbeddings.forward() missing 1 required positional argument: 'cp_group'"

@@ -13,8 +13,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from vdpcp import scenarios
-from vdpcp.case import Case
+from vdpcp.contract.protocol import MAIN_OUTPUT, VisionDPConfig
 from vdpcp.impls import bridge_release, resolve
 from vdpcp.impls.automodel import automodel
 from vdpcp.impls.bridge_qwen3_vl import (
@@ -28,8 +27,9 @@ from vdpcp.impls.bridge_qwen3_vl import (
     bridge_qwen3_vl_0_5_0,
     forward_arguments,
 )
-from vdpcp.protocol import MAIN_OUTPUT, VisionDPConfig
-from vdpcp.runner import run_judged
+from vdpcp.matrix import scenarios
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.runner import run_judged
 from vdpcp.testing import assert_case, params
 
 ROOT = Path(__file__).resolve().parents[2]

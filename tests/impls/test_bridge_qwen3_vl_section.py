@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.impls import bridge_qwen3_vl_section
-from vdpcp import scenarios, saved
 from vdpcp.impls import bridge_release
 from vdpcp.impls.bridge_qwen3_vl import MODEL
-from vdpcp.runner import run_judged
+from vdpcp.matrix import saved, scenarios
+from vdpcp.matrix.runner import run_judged
 from vdpcp.testing import assert_case, params
 
 SECTION = "tests.impls.bridge_qwen3_vl_section:section"

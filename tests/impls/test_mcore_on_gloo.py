@@ -1,4 +1,4 @@
-"""MCore's gather on gloo, through vdpcp.gloo_collectives: the cases its gather's backward used to stop there
+"""MCore's gather on gloo, through vdpcp.oracle.observe.gloo_collectives: the cases its gather's backward used to stop there
 (uneven token counts; a CP group of a CP x DP layout other than the first) now judge gradients, so the issue's
 planted bugs that only gradients show (tests/impls/broken_mcore.py) are killed by them, on gloo, with the
 check and the rank named; and each rank's report names the all_to_all that ran. The count over the whole sharded
@@ -9,9 +9,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from vdpcp import gloo_collectives, scenarios
 from vdpcp.cli import main
-from vdpcp.runner import run_judged
+from vdpcp.matrix import scenarios
+from vdpcp.matrix.runner import run_judged
+from vdpcp.oracle.observe import gloo_collectives
 
 CASES = {case.id: case for case in scenarios.matrix(cps=(2,), impls=("mcore",))}
 GATHER_BEFORE_PROJECT = "tests.impls.broken_mcore:gather_before_project"
@@ -67,7 +68,7 @@ def test_mcores_tubelet_give_up_fails_on_its_outputs_and_names_the_stale_plan_ne
     from pathlib import Path
 
     from vdpcp.cli.replay import load_case
-    from vdpcp.runner import run_case
+    from vdpcp.matrix.runner import run_case
 
     case = load_case(Path(__file__).resolve().parents[2] / "docs" / "found" / "mcore-tubelet-give-up-cp4.json")
     result = run_case(case)

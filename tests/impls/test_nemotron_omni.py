@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from vdpcp import scenarios
-from vdpcp.case import Case
 from vdpcp.cli import main
+from vdpcp.contract.protocol import VisionDPConfig
+from vdpcp.feature.model import seeded
+from vdpcp.feature.spec import Microbatch, MicrobatchSpec
 from vdpcp.impls import resolve
 from vdpcp.impls.bridge import BridgeEncoder
 from vdpcp.impls.nemotron_omni import (
@@ -26,10 +27,9 @@ from vdpcp.impls.nemotron_omni import (
     pixel_shuffle,
     video_remnants,
 )
-from vdpcp.model import seeded
-from vdpcp.protocol import VisionDPConfig
-from vdpcp.runner import run_judged
-from vdpcp.spec import Microbatch, MicrobatchSpec
+from vdpcp.matrix import scenarios
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.runner import run_judged
 from vdpcp.testing import assert_case, params
 
 ROOT = Path(__file__).resolve().parents[2]

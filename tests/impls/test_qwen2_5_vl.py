@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from vdpcp import scenarios
-from vdpcp.case import Case
-from vdpcp.impls import Ownership, available, resolve
+from vdpcp.contract.protocol import Ownership
+from vdpcp.feature.sharded import VisionDPConfig
+from vdpcp.feature.spec import MicrobatchSpec
+from vdpcp.impls import available, resolve
 from vdpcp.impls.qwen2_5_vl import media_shards, qwen2_5_vl
-from vdpcp.runner import run_case
-from vdpcp.sharded import VisionDPConfig
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.matrix import scenarios
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.runner import run_case
 from vdpcp.testing import assert_case, params
 
 SUBSET = ("one-image", "three-images", "eight-equal", "eleven-images", "mixed-sizes", "video-t2-ragged",

@@ -1,4 +1,4 @@
-"""The CP group's collectives kept local for a backward (vdpcp.mutants.collectives): what the generic mutants of
+"""The CP group's collectives kept local for a backward (vdpcp.tools.mutants.collectives): what the generic mutants of
 the field's gather-backward bugs stand on. Local means what the collective leaves when this rank is alone, only
 for the span of the outputs' backward, only on the CP group's ranks, and torch.distributed as it was after."""
 
@@ -13,9 +13,9 @@ def gathered_backward(ctx, kept_local: bool):
     import torch
     import torch.distributed as dist
 
-    from vdpcp import comm
-    from vdpcp.mutants import gradient_changed
-    from vdpcp.mutants.collectives import LocalBackward
+    from vdpcp.feature import comm
+    from vdpcp.tools.mutants import gradient_changed
+    from vdpcp.tools.mutants.collectives import LocalBackward
 
     original, ended = dist.all_reduce, []
     counts = [r + 1 for r in range(ctx.world_size)]
@@ -44,8 +44,8 @@ def test_without_it_the_same_gather_sums_every_ranks_gradient():
 
 @pytest.mark.distributed
 def test_a_subject_whose_backward_crosses_no_rank_has_nothing_the_mutant_changes_and_says_so():
-    from vdpcp import scenarios
-    from vdpcp.hunt import hunt
+    from vdpcp.matrix import scenarios
+    from vdpcp.tools.mutants.hunt import hunt
 
     case = {c.id: c for c in scenarios.matrix()}["eight-equal-cp2-reference-count"]
     found = hunt("gather-backward-unsummed", [case.with_(impl="tests.oracle.subjects:replicating")])

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from vdpcp import scenarios
-from vdpcp.cli.mutants import _kill_set
-from vdpcp.hunt import hunt
-from vdpcp.mutants import MUTANTS
+from vdpcp.cli.mutants import kill_set
+from vdpcp.matrix import scenarios
+from vdpcp.tools.mutants import MUTANTS
+from vdpcp.tools.mutants.hunt import hunt
 
 POWER = Path(__file__).resolve().parents[2] / "docs" / "power.md"
 SHIPPED = ("reference", "mcore", "qwen2_5_vl", "automodel")
@@ -89,7 +89,7 @@ def _run_on(name: str) -> str:
 def test_a_generic_mutant_of_the_table_fails_another_subject_than_the_reference(name):
     subject = _run_on(name)
     matrix = scenarios.matrix(impls=(subject,))
-    first = _kill_set(MUTANTS[name].kills, matrix, subject)[:1]
+    first = kill_set(MUTANTS[name].kills, matrix, subject)[:1]
     assert first, f"{name}: its kill set has no case in {subject}'s matrix"
     found = hunt(name, first, timeout=TIMEOUT_S.get(name, 60.0))
     assert found.killed, f"{name} ({MUTANTS[name].bug}) survived {found.tried} of {subject}"

@@ -6,13 +6,14 @@ stays fast; `vdpcp mutants` falls back to the whole matrix for a survivor.
 
 import pytest
 
-from vdpcp import scenarios, tensor_parallel
-from vdpcp.expectations import known_limit
+from vdpcp.feature import tensor_parallel
 from vdpcp.harness import RankFailure, run_ranks
-from vdpcp.hunt import hunt
-from vdpcp.mutants import MUTANTS
-from vdpcp.runner import rank_body, run_case
+from vdpcp.matrix import scenarios
+from vdpcp.matrix.expectations import known_limit
+from vdpcp.matrix.runner import rank_body, run_case
 from vdpcp.testing import backend_for
+from vdpcp.tools.mutants import MUTANTS
+from vdpcp.tools.mutants.hunt import hunt
 
 MATRIX = {case.id: case for case in scenarios.matrix()}
 NAMES = sorted(MUTANTS)
@@ -88,7 +89,7 @@ def test_a_rank_that_skips_its_tensor_parallel_tower_is_named_not_hung():
     headline = str(failure.value).splitlines()[0]
     assert "timeout" not in headline, failure.value  # named within the case timeout
     # the first rank to give up is the skipper's TP peer, and every other rank's report points at it
-    assert ("rank 6 raised vdpcp.tensor_parallel.TPPeerMissing: rank 6: TP MLP of block 0 all-reduce waited "
+    assert ("rank 6 raised vdpcp.feature.tensor_parallel.TPPeerMissing: rank 6: TP MLP of block 0 all-reduce waited "
             f"{SHORT_TP_WAIT_S:g} s: TP peer rank(s) [7] never entered it") in headline, headline
 
 

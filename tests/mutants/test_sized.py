@@ -1,12 +1,12 @@
-"""Sized mutants (vdpcp.mutants.sized): NAME@SIZE, a bad name or size refused in one line, and a size planted as
+"""Sized mutants (vdpcp.tools.mutants.sized): NAME@SIZE, a bad name or size refused in one line, and a size planted as
 asked in every dtype (in expectation, where it is under the dtype's spacing)."""
 
 import pytest
 import torch
 
 from vdpcp.cli import main
-from vdpcp.mutants import SIZED, known
-from vdpcp.mutants.sized import scaled
+from vdpcp.tools.mutants import SIZED, known
+from vdpcp.tools.mutants.sized import scaled
 
 
 def test_a_sized_mutant_is_known_at_a_positive_size_and_plain_names_stay_as_they_are():
@@ -36,8 +36,8 @@ def test_a_size_under_the_dtypes_spacing_is_still_planted_in_expectation(dtype, 
 
 def test_the_instrument_counts_the_elements_it_moved_and_only_a_sized_mutant_carries_a_count():
     from vdpcp.impls import resolve
-    from vdpcp.mutants import applied, planted
-    from vdpcp.mutants.sized import Planted
+    from vdpcp.tools.mutants import applied, planted
+    from vdpcp.tools.mutants.sized import Planted
 
     t = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.bfloat16)
     count = Planted()

@@ -1,6 +1,6 @@
 import pytest
 
-from vdpcp import comm
+from vdpcp.feature import comm
 
 
 @pytest.fixture

@@ -10,11 +10,11 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from vdpcp import sharded
+from vdpcp.contract.protocol import GROUP_MISMATCH_TEXT, GroupMismatchError, KnownLimit, MediaAxes, MismatchError, check_group
+from vdpcp.feature import sharded
+from vdpcp.feature.spec import MicrobatchSpec
 from vdpcp.impls.reference import Reference
-from vdpcp.mutants import gradient_changed
-from vdpcp.protocol import GROUP_MISMATCH_TEXT, GroupMismatchError, KnownLimit, MediaAxes, MismatchError, check_group
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.tools.mutants import gradient_changed
 
 
 class Replicating(Reference):
@@ -152,7 +152,7 @@ beyond_the_slack = RoundsApart(2.3e-6)
 class BatchVariant(Reference):
     """The reference as a deep tower runs in bf16 on a GPU: an encode's rows come out ``noise`` (relative) away from
     exact, according to the group they were encoded in, because a row's value depends on what else is in its batch
-    (vdpcp.precision). The same group gives the same noise, as the same kernels give the same bits (as
+    (vdpcp.oracle.compare.precision). The same group gives the same noise, as the same kernels give the same bits (as
     measured on GPUs): the sharded rows carry their rank's group's noise, the unsharded rows the whole microbatch's. In
     float32 and float64 (the exact run) it is exact. Correct: only the measured slack tells it from a bug."""
 
@@ -259,15 +259,15 @@ batch_variant_one_row_wrong = BatchVariantOneRowWrong()
 changes_its_weights = ChangesItsWeights()
 
 
-# --- what an implementation declares about itself (vdpcp.protocol: the judge is fair to it, and no fairer) --------
+# --- what an implementation declares about itself (vdpcp.contract.protocol: the judge is fair to it, and no fairer) --------
 
 
 def _sharded_with(model, batch, config, group, gather, skip_empty: bool = False):
-    """The reference's sharded encode (vdpcp.sharded) with its gather swapped for ``gather(local, counts, group)``;
+    """The reference's sharded encode (vdpcp.feature.sharded) with its gather swapped for ``gather(local, counts, group)``;
     ``skip_empty``: a rank with no real rows never runs its tower and hands the gather zeros of its placeholders'
     shape, as a tower with nothing real to encode would."""
-    from vdpcp import sharded
-    from vdpcp.model import output_tokens
+    from vdpcp.feature import sharded
+    from vdpcp.feature.model import output_tokens
 
     plan = sharded.plan_for(batch.spec, config)
     shard = plan.shard(dist.get_rank(group))
@@ -395,7 +395,7 @@ class EvenGridsEverywhere(EvenGridsOnly):
     name = "even-grids-everywhere"
 
     def encode_sharded(self, model, batch, config, group):
-        from vdpcp import sharded
+        from vdpcp.feature import sharded
 
         if config.shard_vision and sharded.plan_for(batch.spec, config).shard(dist.get_rank(group)).num_placeholders:
             raise ValueError(f"{self.name}: takes even patch grids only, got a 1x1 placeholder")
@@ -443,7 +443,7 @@ class EmptyRankSkips(Reference):
     splits = ("count",)
 
     def encode_sharded(self, model, batch, config, group):
-        from vdpcp.comm import gather_features
+        from vdpcp.feature.comm import gather_features
 
         check_group(config, dist.get_world_size(group), self.name)
         if not config.shard_vision:
@@ -519,7 +519,7 @@ class Branching(Reference):
     tensor_parallel = ()
 
     def build_model(self, case, dtype, device):
-        from vdpcp.model import seeded
+        from vdpcp.feature.model import seeded
 
         model = super().build_model(case, torch.float64, torch.device("cpu"))
         with seeded(1):
@@ -535,9 +535,9 @@ class BranchingTrunkSkipped(Branching):
     name = "branching-trunk-skipped"
 
     def encode_sharded(self, model, batch, config, group):
-        from vdpcp import sharded
-        from vdpcp.comm import gather_features
-        from vdpcp.model import output_tokens
+        from vdpcp.feature import sharded
+        from vdpcp.feature.comm import gather_features
+        from vdpcp.feature.model import output_tokens
 
         plan = sharded.plan_for(batch.spec, config)
         shard = plan.shard(dist.get_rank(group))
@@ -656,7 +656,7 @@ class PixelsAsData(Reference):
 
 class DetachesItsPixels(Reference):
     """The reference (which declares ``pixel_grads``) with its pixels detached before its split: correct outputs and
-    parameter gradients, no pixel gradient anywhere, and no row code at its tower's input (vdpcp.reads looks its
+    parameter gradients, no pixel gradient anywhere, and no row code at its tower's input (vdpcp.oracle.observe.reads looks its
     rows up by their bytes instead)."""
 
     name = "detaches-its-pixels"

@@ -5,9 +5,9 @@ trunk, outputs-only cases included."""
 
 import pytest
 
-from vdpcp.case import Case
-from vdpcp.runner import run_judged
-from vdpcp.scenarios import SCENARIOS
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.runner import run_judged
+from vdpcp.matrix.scenarios import SCENARIOS
 
 SPECS = {s.spec.name: s.spec for s in SCENARIOS}
 

@@ -1,5 +1,5 @@
 """What the oracle holds where gradients are not what decides: outputs-only and forward-only cases are held to the
-regrouped reference (vdpcp.regrouped) and to a stated plan as a case with gradients is, and the units of rounding
+regrouped reference (vdpcp.oracle.compare.regrouped) and to a stated plan as a case with gradients is, and the units of rounding
 allowed for the gradients of an output computed after the gather are never allowed its outputs.
 
 Each subject is right but for one thing, too small or too far from gradients for any other check to see it.
@@ -11,12 +11,12 @@ import pytest
 import torch.distributed as dist
 
 from tests.oracle.subjects import ForwardOnly, _sharded_with, plain_all_gather
-from vdpcp.case import Case
-from vdpcp.comm import gather_features
+from vdpcp.contract.protocol import check_group
+from vdpcp.feature.comm import gather_features
 from vdpcp.impls.reference import Reference
-from vdpcp.protocol import check_group
-from vdpcp.runner import run_judged
-from vdpcp.scenarios import SCENARIOS
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.runner import run_judged
+from vdpcp.matrix.scenarios import SCENARIOS
 
 SPECS = {s.spec.name: s.spec for s in SCENARIOS}
 HERE = "tests.oracle.test_checks_without_gradients"
@@ -58,7 +58,7 @@ class ForwardOnlyRowsOff(OwnRowsOff):
 
 class DerivedRowsOff(OwnRowsOff):
     """Two outputs, the second computed from the first after the gather (as subjects.TwoOutputs), the last CP rank's
-    rows 2**-51 (relative) off: two to four units of float64's rounding, under the 16 (vdpcp.regrouped.EXTRA_ROWS_ULPS)
+    rows 2**-51 (relative) off: two to four units of float64's rounding, under the 16 (vdpcp.oracle.compare.regrouped.EXTRA_ROWS_ULPS)
     its gradients are allowed, which a correct run's outputs never need."""
 
     name = "derived-rows-off"

@@ -1,4 +1,4 @@
-"""What an implementation declares about itself (vdpcp.protocol: mismatch_error, checks_cp1, forward_only,
+"""What an implementation declares about itself (vdpcp.contract.protocol: mismatch_error, checks_cp1, forward_only,
 empty_rank_may_skip, merges_copy, has_opt_out,
 MediaAxes.even_grids) makes the judge fair to it, and never hides a real bug: each declaring
 subject passes, and its twin with the bug the declaration could hide still fails, with its one line.
@@ -7,13 +7,13 @@ Also the execution check from the forward alone: a rank that skips its tower fai
 
 import pytest
 
-from vdpcp import expectations
-from vdpcp.case import Case
-from vdpcp.impls import KnownLimit
+from vdpcp.contract.protocol import KnownLimit
+from vdpcp.feature.model import output_tokens
 from vdpcp.impls.reference import Reference
-from vdpcp.model import output_tokens
-from vdpcp.runner import run_judged
-from vdpcp.scenarios import EMPTY, SCENARIOS, Scenario, cases_of
+from vdpcp.matrix import expectations
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.runner import run_judged
+from vdpcp.matrix.scenarios import EMPTY, SCENARIOS, Scenario, cases_of
 
 SPECS = {s.spec.name: s.spec for s in SCENARIOS}
 SUBJECTS = "tests.oracle.subjects"

@@ -4,11 +4,11 @@ they distribute the work, and on several outputs per encode (tests/oracle/subjec
 import pytest
 import torch
 
-from vdpcp.case import Case, RankResult
-from vdpcp.impls import Ownership
-from vdpcp.oracle import split
-from vdpcp.runner import run_judged
-from vdpcp.scenarios import SCENARIOS
+from vdpcp.contract.protocol import Ownership
+from vdpcp.matrix.case import Case, RankResult
+from vdpcp.matrix.runner import run_judged
+from vdpcp.matrix.scenarios import SCENARIOS
+from vdpcp.oracle.observe import split
 
 SPECS = {s.spec.name: s.spec for s in SCENARIOS}
 SUBJECTS = "tests.oracle.subjects"
@@ -82,7 +82,7 @@ def test_a_secondary_output_left_ungathered_fails_and_the_report_names_it():
 def test_a_plan_for_fewer_rows_than_ran_is_held_to_the_rows_it_covers():
     read = torch.tensor([[True, False, False], [False, True, True]])  # rows 0, 1, 2 on ranks 0, 1, 1
     result = RankResult(0)
-    split._judge_distribution(result, read, Ownership(owner=(1, 1), tokens=(4, 4), placeholders=(0, 0)), True, False)
+    split.judge_distribution(result, read, Ownership(owner=(1, 1), tokens=(4, 4), placeholders=(0, 0)), True, False)
     assert result.plan_mismatch == ["plan mismatch: row 0 encoded on rank 0, the plan says rank 1"], result.plan_mismatch
 
 

@@ -18,9 +18,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from vdpcp import loss, oracle
-from vdpcp.case import Case
-from vdpcp.spec import MicrobatchSpec
+from vdpcp import oracle
+from vdpcp.feature import loss
+from vdpcp.feature.spec import MicrobatchSpec
+from vdpcp.matrix.case import Case
 
 SPEC = MicrobatchSpec(images=((16, 16), (8, 24), (24, 8)), seed=7, name="three")
 CPU = torch.device("cpu")
@@ -45,7 +46,7 @@ def _weights(seed: int, rank: int, output: int, shape=(2, 3)) -> torch.Tensor:
 def _documented_draw(seed: int, rank: int, output: int, shape=(2, 3)) -> torch.Tensor:
     """The draw a saved case of ``seed`` made for CP rank ``rank``'s output ``output``: torch's CPU generator at
     seed 1_000_003 s + r + 104_729 k (mod 2**63), rounded down to a sixteenth-step in [-2, 2) and centred in it
-    (odd sixteenths, so that their sums over ranks are exact: vdpcp.regrouped). Written out here, not taken from
+    (odd sixteenths, so that their sums over ranks are exact: vdpcp.oracle.compare.regrouped). Written out here, not taken from
     vdpcp, so that a change of the draw fails; and drawn with this torch, not stored, so that it holds on every
     torch the suite supports."""
     gen = torch.Generator().manual_seed((1_000_003 * seed + rank + 104_729 * output) % 2**63)

@@ -15,12 +15,14 @@ mutation run of vdpcp/oracle.py (docs/mutation.md), each pinned by the behaviour
 import pytest
 import torch
 
-from vdpcp import comm, oracle
-from vdpcp.case import RankResult
+from vdpcp import oracle
+from vdpcp.contract.protocol import Ownership
+from vdpcp.feature import comm
+from vdpcp.feature.spec import MicrobatchSpec
 from vdpcp.harness import run_ranks
-from vdpcp.impls import Ownership
-from vdpcp.oracle import execution, gradients, split
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.matrix.case import RankResult
+from vdpcp.oracle.compare import gradients
+from vdpcp.oracle.observe import execution, split
 
 HIDDEN = 6
 
@@ -69,9 +71,9 @@ def test_a_skipped_tower_lists_three_of_its_layers_and_parameters():
     reference_ran, ran = oracle.Execution(reference), oracle.Execution(model)
     reference(torch.ones(1, 2)).sum().backward()  # every layer ran, every parameter has a gradient
     result = RankResult(rank=3, cp_rank=1)
-    execution._check_layers_ran(result, reference_ran.ran(), ran)
+    execution.check_layers_ran(result, reference_ran.ran(), ran)
     given = [p.grad is not None for p in reference.parameters()]
-    execution._check_param_grads_exist(result, given, model, reference_ran.ran(), ran.names)
+    execution.check_param_grads_exist(result, given, model, reference_ran.ran(), ran.names)
     skipped, missing = result.failures
     assert skipped == ("execution: rank 3 (CP rank 1) read no row and ran no layer of its tower (no plan says what it "
                        "holds; layers never run: 0, 1, 2); every rank must run its tower, placeholders included"), skipped
@@ -85,7 +87,7 @@ def test_a_rank_that_ran_no_layer_is_told_what_it_read_and_what_its_plan_gave_it
     result.read = []
     with oracle.Execution(Tower()) as ran:
         pass
-    execution._check_layers_ran(result, {"block.0"}, ran, plan)
+    execution.check_layers_ran(result, {"block.0"}, ran, plan)
     assert result.failures == [f"execution: rank 1 (CP rank 1) read no row and ran no layer of its tower (its plan gives "
                                f"it {given}; layers never run: block.0); every rank must run its tower, placeholders "
                                f"included"]
@@ -157,8 +159,8 @@ def test_a_plan_that_lists_placeholders_for_fewer_ranks_gives_the_others_none():
     plan = Ownership(owner=(0, 0), tokens=(4, 4), placeholders=(1,))
     spec = MicrobatchSpec(images=((8, 8), (8, 8)), name="two")
     first, second = RankResult(0, cp_rank=0), RankResult(1, cp_rank=1)
-    split._describe(first, spec, plan, 0)
-    split._describe(second, spec, plan, 1)
+    split.describe(first, spec, plan, 0)
+    split.describe(second, spec, plan, 1)
     assert (first.images, first.placeholders) == (2, 1) and (second.images, second.placeholders) == (0, 0)
 
 
@@ -213,7 +215,7 @@ def test_every_layer_every_real_share_took_is_required_on_a_placeholder_rank():
                                  "head": torch.nn.Linear(2, 2)})
     with oracle.Execution(tower) as seen:
         tower["embed"](torch.ones(1, 2))
-    execution._check_layers_ran(result, _required(ran, 2), seen)
+    execution.check_layers_ran(result, _required(ran, 2), seen)
     assert result.failures == ["execution: rank 2 (CP rank 2) skipped 2 layer(s) that every rank holding real rows "
                                "ran (block, head); a rank must run its whole tower, placeholders included"]
 
@@ -234,8 +236,8 @@ def test_a_parameter_of_a_layer_not_required_here_may_have_no_gradient():
     tower["embed"](torch.ones(1, 2)).sum().backward()
     given = [True for _ in tower.parameters()]  # unsharded, both embedders ran
     result = RankResult(rank=0, cp_rank=0)
-    execution._check_param_grads_exist(result, given, tower, {"embed"}, ["embed", "video"])
+    execution.check_param_grads_exist(result, given, tower, {"embed"}, ["embed", "video"])
     assert result.failures == []
-    execution._check_param_grads_exist(result, given, tower, {"embed", "video"}, ["embed", "video"])
+    execution.check_param_grads_exist(result, given, tower, {"embed", "video"}, ["embed", "video"])
     assert result.failures == ["execution: rank 0 (CP rank 0) has no gradient for 2 parameter(s) the unsharded run "
                                "gives one (video.weight, video.bias)"]

@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import torch
 
 from vdpcp import oracle
-from vdpcp.case import Case
 from vdpcp.impls.reference import Reference
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.scenarios import SCENARIOS
 from vdpcp.oracle import arms
-from vdpcp.scenarios import SCENARIOS
 
 SPEC = next(s.spec for s in SCENARIOS if s.spec.name == "three-images")
 GPU = 10 * 2**30

@@ -1,7 +1,7 @@
-"""How the oracle compares parameter gradients (vdpcp.oracle.gradients._check_param_grads): summed over the CP group in buckets
+"""How the oracle compares parameter gradients (vdpcp.oracle.compare.gradients.check_param_grads): summed over the CP group in buckets
 of at most precision.BUCKET elements (a larger parameter alone), in float64 element by element, the first parameter
-off named once, not every one after it; below float64, a tower with more parameters than vdpcp.sketch.WIDTH as the
-sum of the ranks' count sketches; and the gradient handed to each output's backward (vdpcp.oracle.handed): a write
+off named once, not every one after it; below float64, a tower with more parameters than vdpcp.oracle.compare.sketch.WIDTH as the
+sum of the ranks' count sketches; and the gradient handed to each output's backward (vdpcp.oracle.observe.handed): a write
 into it seen row by row, and a text-stream difference that is exactly the write not said twice."""
 
 import math
@@ -9,9 +9,8 @@ import math
 import pytest
 import torch
 
-from vdpcp import precision, sketch
-from vdpcp.case import RankResult
-from vdpcp.oracle import gradients
+from vdpcp.matrix.case import RankResult
+from vdpcp.oracle.compare import gradients, precision, sketch
 
 
 @pytest.mark.parametrize("width", [sketch.WIDTH, 16])  # float64 sums the gradients themselves at any size
@@ -24,7 +23,7 @@ def test_float64_parameter_gradients_off_name_the_first_parameter_off_once(monke
     expected[2] += 1.0
     result = RankResult(0)
     extra = torch.ones(2, dtype=torch.float64)
-    (summed,) = gradients._check_param_grads(result, model, expected, None, [extra], torch.float64, 0.0)
+    (summed,) = gradients.check_param_grads(result, model, expected, None, [extra], torch.float64, 0.0)
     assert torch.equal(summed, extra)
     (said,) = result.failures
     assert said.startswith("param grads (summed over ranks): 0.bias: Tensor-likes are not close!"), said
@@ -56,7 +55,7 @@ def test_a_tower_larger_than_the_sketch_is_summed_as_a_sketch_held_to_the_same_b
     true = precision.relative(grads, expected) / precision.RTOL[torch.bfloat16]  # what an exact sum would measure
     result = RankResult(0)
     extra = torch.ones(3, dtype=torch.bfloat16)
-    (summed,) = gradients._check_param_grads(result, model, expected, None, [extra], torch.bfloat16, 0.0)
+    (summed,) = gradients.check_param_grads(result, model, expected, None, [extra], torch.bfloat16, 0.0)
     assert torch.equal(summed, extra) and math.isnan(result.param_grad_err)  # no element-wise figure: not measured
     assert abs(true - off) < 0.1
     if off <= 1:
@@ -71,11 +70,11 @@ def test_a_tower_no_larger_than_the_sketch_sums_its_gradients_as_they_are(monkey
     monkeypatch.setattr(sketch, "WIDTH", 1681)
     model, grads = _bf16_grads()
     result = RankResult(0)
-    gradients._check_param_grads(result, model, grads, None, [], torch.bfloat16, 0.0)
+    gradients.check_param_grads(result, model, grads, None, [], torch.bfloat16, 0.0)
     assert result.failures == [] and result.param_grad_err == 0.0  # measured element by element: none off
 
 
-# --- the gradient handed to each output's backward (vdpcp.oracle.handed) -------------------------------------
+# --- the gradient handed to each output's backward (vdpcp.oracle.observe.handed) -------------------------------------
 
 
 class _DoublesInPlace(torch.autograd.Function):
@@ -93,14 +92,14 @@ class _DoublesInPlace(torch.autograd.Function):
 
 def _merged_backward(write: bool):
     """Two outputs merged into their prompts by vdpcp's loss, the first through a backward that writes if asked."""
-    from vdpcp import loss
-    from vdpcp.case import Case
-    from vdpcp.oracle import handed
-    from vdpcp.spec import MicrobatchSpec
+    from vdpcp.feature import loss
+    from vdpcp.feature.spec import MicrobatchSpec
+    from vdpcp.matrix.case import Case
+    from vdpcp.oracle.observe import handed
 
     case = Case(MicrobatchSpec(images=((4, 4),), name="one"), 2)
     losses = loss.case_loss(case, case.spec, {"features": (4, 2), "deepstack0": (4, 2)}, torch.float64, "cpu")
-    prompt = losses.prompt()  # before the encode, as the oracle embeds it (vdpcp.loss: why it matters)
+    prompt = losses.prompt()  # before the encode, as the oracle embeds it (vdpcp.feature.loss: why it matters)
     x = torch.ones(4, 2, dtype=torch.float64, requires_grad=True)
     out = {"features": _DoublesInPlace.apply(x * 1) if write else x * 1, "deepstack0": x * 2}
     with handed.Handed(out) as kept:
@@ -109,7 +108,7 @@ def _merged_backward(write: bool):
 
 
 def test_a_backward_that_writes_into_the_gradient_it_is_handed_is_seen_row_by_row_and_one_that_does_not_is_not():
-    from vdpcp.oracle import handed
+    from vdpcp.oracle.observe import handed
 
     written, _, _ = _merged_backward(write=True)
     assert list(written) == ["features"] and (written["features"].rows, written["features"].of) == (2, 4)
@@ -121,16 +120,16 @@ def test_a_backward_that_writes_into_the_gradient_it_is_handed_is_seen_row_by_ro
 
 
 def test_a_text_stream_difference_that_is_exactly_the_write_is_not_said_again_and_any_other_is():
-    from vdpcp.oracle import handed
+    from vdpcp.oracle.observe import handed
 
     written, losses, prompt = _merged_backward(write=True)
     got, want, wrote = prompt.grads(), losses.table_grads(0), handed.in_tables(written, losses)
     result = RankResult(0)
-    gradients._check_text(result, got, want, losses.tokens, "this rank alone")
+    gradients.check_text(result, got, want, losses.tokens, "this rank alone")
     assert len(result.failures) == 1 and "text grads 'features' (this rank alone)" in result.failures[0]
     result = RankResult(0)
-    gradients._check_text(result, got, want, losses.tokens, "this rank alone", wrote)
+    gradients.check_text(result, got, want, losses.tokens, "this rank alone", wrote)
     assert result.failures == []  # the write explains it
     got["deepstack0"] = got["deepstack0"] + 1.0  # a difference no write explains
-    gradients._check_text(result, got, want, losses.tokens, "this rank alone", wrote)
+    gradients.check_text(result, got, want, losses.tokens, "this rank alone", wrote)
     assert len(result.failures) == 1 and "text grads 'deepstack0' (this rank alone)" in result.failures[0]

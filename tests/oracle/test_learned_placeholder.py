@@ -1,13 +1,13 @@
-"""Which microbatch rows a rank's tower read (vdpcp.oracle.split._read_table), where its tower took something that is not
+"""Which microbatch rows a rank's tower read (vdpcp.oracle.observe.split.read_table), where its tower took something that is not
 the microbatch's pixels: a learned placeholder (a parameter, as a learned pad token is) on a rank that holds no image.
 That rank read no row, and reading it is no error; next to a real row, only the real row is read. In-process: one CP
 rank, its sum over the group its own table."""
 
 import torch
 
-from vdpcp import oracle, reads
-from vdpcp.oracle import split
-from vdpcp.spec import MicrobatchSpec
+from vdpcp import oracle
+from vdpcp.feature.spec import MicrobatchSpec
+from vdpcp.oracle.observe import reads, split
 
 SPEC = MicrobatchSpec(images=((8, 8), (8, 8)), name="two")
 
@@ -20,7 +20,7 @@ def _read(feed) -> list[list[bool]]:
     placeholder = torch.nn.Parameter(torch.zeros(2, width, dtype=torch.float64))
     with oracle.Execution(tower) as ran, reads.coded(batch) as coded:
         tower(feed(coded.patches[0], placeholder))
-    return split._read_table(SPEC, ran, 1, 0, None, batch.patches.device).tolist()
+    return split.read_table(SPEC, ran, 1, 0, None, batch.patches.device).tolist()
 
 
 def test_a_rank_whose_tower_took_only_a_learned_placeholder_read_no_row(one_rank_sums):

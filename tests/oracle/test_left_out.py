@@ -1,15 +1,16 @@
 """A known limit that stops only the backward on a backend is confirmed once there, not once per microbatch: its
 first gradient case of each implementation, CP size, layout and dtype runs (a strict xfail that must still fail
 the known way); the others are left out only where their outputs-only case runs, and say so. No shipped subject
-has such a limit on gloo now (MCore's gather backward runs there: vdpcp.gloo_collectives), so a test subject
+has such a limit on gloo now (MCore's gather backward runs there: vdpcp.oracle.observe.gloo_collectives), so a test subject
 declares one (tests.oracle.subjects.BackwardRefused)."""
 
 import json
 import unittest
 
-from vdpcp import scenarios, testing
+from vdpcp import testing
 from vdpcp.cli import main
-from vdpcp.expectations import known_limit
+from vdpcp.matrix import scenarios
+from vdpcp.matrix.expectations import known_limit
 from vdpcp.testing import assert_case, expand
 
 SUBJECT = "tests.oracle.subjects:backward_refused"

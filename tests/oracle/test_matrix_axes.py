@@ -3,9 +3,9 @@ its own microbatches. Pure: no ranks run here."""
 
 import pytest
 
-from vdpcp import scenarios
 from vdpcp.cli import main
-from vdpcp.protocol import MediaAxes
+from vdpcp.contract.protocol import MediaAxes
+from vdpcp.matrix import scenarios
 
 OWN = "tests.oracle.subjects:own_partition"
 

@@ -1,22 +1,22 @@
 """Where the unsharded arm takes one backward a rank, of its own share, and the summed loss's gradients are the shares'
-sum over the CP group (vdpcp.oracle.unsharded._splits): only where every rank has a share and the sum is cheap."""
+sum over the CP group (vdpcp.oracle.unsharded.splits): only where every rank has a share and the sum is cheap."""
 
 import torch
 
-from vdpcp import sketch
-from vdpcp.case import Case
-from vdpcp.oracle.unsharded import _splits
-from vdpcp.scenarios import SCENARIOS
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.scenarios import SCENARIOS
+from vdpcp.oracle.compare import sketch
+from vdpcp.oracle.unsharded import splits
 
 SPEC = next(s.spec for s in SCENARIOS if s.spec.name == "three-images")
-GROUP = object()  # a CP group: _splits only asks whether there is one
+GROUP = object()  # a CP group: splits only asks whether there is one
 SHARE = {"features": torch.ones(2)}
 TOY = torch.nn.Linear(4, 4)
 
 
 def _splits_for(dtype="float64", cp=2, share=SHARE, sharded=True, kinds=("own", "other", "other"), model=TOY,
                 group=GROUP) -> bool:
-    return _splits(Case(SPEC, cp, dtype=dtype), share, sharded, kinds, model, group)
+    return splits(Case(SPEC, cp, dtype=dtype), share, sharded, kinds, model, group)
 
 
 def test_float64_splits_wherever_every_rank_has_a_share_and_the_gradients_are_cheap_to_send():

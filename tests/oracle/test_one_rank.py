@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import torch
 
 from vdpcp import oracle
-from vdpcp.case import Case
 from vdpcp.impls.reference import Reference
-from vdpcp.mutants.interface import gradient_changed
-from vdpcp.scenarios import SCENARIOS
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.scenarios import SCENARIOS
+from vdpcp.tools.mutants.interface import gradient_changed
 
 SPEC = next(s.spec for s in SCENARIOS if s.spec.name == "three-images")
 

@@ -1,13 +1,13 @@
 """An encode that returns something other than tensors is the implementation's error on every rank, never read as
-the unsharded encoder rejecting the spec (vdpcp.protocol.outputs_of, vdpcp.oracle); an unsharded encode that raises
+the unsharded encoder rejecting the spec (vdpcp.contract.protocol.outputs_of, vdpcp.oracle); an unsharded encode that raises
 is that: unsharded-error, naming what it raised."""
 
 import pytest
 
-from vdpcp.case import Case
 from vdpcp.impls.reference import Reference
-from vdpcp.runner import run_case
-from vdpcp.scenarios import SCENARIOS
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.runner import run_case
+from vdpcp.matrix.scenarios import SCENARIOS
 
 SPEC = next(s.spec for s in SCENARIOS if s.spec.name == "three-images")
 

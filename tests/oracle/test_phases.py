@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from vdpcp import oracle
-from vdpcp.case import Case, RankResult
-from vdpcp.oracle import arms, telemetry
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.feature.spec import MicrobatchSpec
+from vdpcp.matrix.case import Case, RankResult
+from vdpcp.oracle import arms
+from vdpcp.oracle.observe import telemetry
 
 CASE = Case(MicrobatchSpec(images=((8, 8),) * 3, name="three"), 2)
 GPU = 10 * 2**30

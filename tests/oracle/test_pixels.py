@@ -1,5 +1,5 @@
 """Pixels are data: an implementation is handed pixels that need no gradient unless it declares ``pixel_grads``, and
-which rows each rank's tower read is seen at the tower's inputs (vdpcp.reads), not through pixel gradients.
+which rows each rank's tower read is seen at the tower's inputs (vdpcp.oracle.observe.reads), not through pixel gradients.
 
 A split that runs under no_grad and asserts its pixels need none (Megatron-Bridge's released one) passes, with
 fewer images than ranks and with videos; so does one that detaches its pixels. A declared subject's pixel-gradient
@@ -9,10 +9,10 @@ microbatch through its tower under no_grad read every row: not sharded. What the
 import pytest
 import torch
 
-from vdpcp.case import Case, RankResult
+from vdpcp.matrix.case import Case, RankResult
+from vdpcp.matrix.runner import run_judged
+from vdpcp.matrix.scenarios import SCENARIOS, matrix
 from vdpcp.oracle import arms
-from vdpcp.runner import run_judged
-from vdpcp.scenarios import SCENARIOS, matrix
 
 SPECS = {s.spec.name: s.spec for s in SCENARIOS}
 SUBJECTS = "tests.oracle.subjects"

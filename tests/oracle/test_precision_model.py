@@ -1,4 +1,4 @@
-"""The precision model at work (vdpcp.precision): below float64 a quantity is held to its dtype's rtol plus twice the
+"""The precision model at work (vdpcp.oracle.compare.precision): below float64 a quantity is held to its dtype's rtol plus twice the
 unsharded run's own measured distance from a higher-precision run, per token row for outputs.
 
 The H200 measured it at Qwen2.5-VL-7B's size in bf16: the same images encoded in other groupings differ by as much
@@ -10,9 +10,9 @@ import re
 
 import pytest
 
-from vdpcp.case import Case
-from vdpcp.runner import run_judged
-from vdpcp.scenarios import SCENARIOS
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.runner import run_judged
+from vdpcp.matrix.scenarios import SCENARIOS
 
 SPECS = {s.spec.name: s.spec for s in SCENARIOS}
 

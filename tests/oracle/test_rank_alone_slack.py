@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import torch
 
 from vdpcp import oracle
-from vdpcp.case import Case, RankResult
 from vdpcp.impls.reference import Reference
+from vdpcp.matrix.case import Case, RankResult
+from vdpcp.matrix.scenarios import SCENARIOS
 from vdpcp.oracle import arms, unsharded
-from vdpcp.scenarios import SCENARIOS
 
 SPEC = next(s.spec for s in SCENARIOS if s.spec.name == "three-images")
 OFF = 0.1  # the rank's own expected gradients 10% larger: its own are 1/11 = 9.1% off them
@@ -35,7 +35,7 @@ def _rank_alone(params_slack: float, own_slack: float, said: bool = True) -> lis
     model = impl.build_model(case, torch.bfloat16, cpu)
     result = RankResult(0)
     clock = oracle.Clock(result)
-    ref = unsharded._unsharded(impl, case, model, SPEC, result, 0, cpu, clock)
+    ref = unsharded.run_unsharded(impl, case, model, SPEC, result, 0, cpu, clock)
     ref = replace(ref, sharded=True, own_grads=[g * (1 + OFF) for g in ref.own_grads],
                   rounding=replace(ref.rounding, params=params_slack, own_params=own_slack))
     arms._sharded(impl, case, model, ref, result, SimpleNamespace(cp_rank=0, dp_rank=0, tp_rank=0, cp=None), clock)

@@ -1,4 +1,4 @@
-"""Which rows reached each rank's tower is seen at the tower's inputs (vdpcp.reads), through ops between the pixels and
+"""Which rows reached each rank's tower is seen at the tower's inputs (vdpcp.oracle.observe.reads), through ops between the pixels and
 the tower that keep tensors for backward, whose graph must stay whole for the loss's backward after; and a microbatch
 with no rows is not a replicated run, so a rank that skips its tower on one (placeholders only, on every rank) still
 fails the execution check, and with sharding off it breaks no policy."""
@@ -8,10 +8,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from vdpcp.case import Case
 from vdpcp.impls.reference import Reference
-from vdpcp.runner import run_case
-from vdpcp.scenarios import EMPTY, SCENARIOS, matrix
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.runner import run_case
+from vdpcp.matrix.scenarios import EMPTY, SCENARIOS, matrix
 
 SPEC = next(s.spec for s in SCENARIOS if s.spec.name == "three-images")
 

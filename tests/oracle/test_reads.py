@@ -1,4 +1,4 @@
-"""Which microbatch rows a tower read, seen at its inputs (vdpcp.reads, through vdpcp.oracle.Execution): every row's
+"""Which microbatch rows a tower read, seen at its inputs (vdpcp.oracle.observe.reads, through vdpcp.oracle.Execution): every row's
 code is exact in each dtype and survives the moves a split makes, under no_grad too; a tubelet row names both its
 frames; placeholders and padding name nothing; a copy that lost its codes (detached, inference mode) is found by
 its bytes, a constant row never; and the tower itself never sees a tangent. In one process."""
@@ -7,9 +7,10 @@ import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
 
-from vdpcp import oracle, reads
+from vdpcp import oracle
+from vdpcp.feature.spec import MicrobatchSpec
 from vdpcp.impls.qwen2_5_vl import Qwen25VL
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.oracle.observe import reads
 
 DTYPES = (torch.float64, torch.float32, torch.bfloat16)
 MIXED = MicrobatchSpec(images=((8, 8), (4, 8), (8, 4), (12, 8)), name="mixed")  # 4, 2, 2 and 6 patches

@@ -1,4 +1,4 @@
-"""The regrouped reference (vdpcp.regrouped): each rank held bitwise to an unsharded encode of exactly its media.
+"""The regrouped reference (vdpcp.oracle.compare.regrouped): each rank held bitwise to an unsharded encode of exactly its media.
 
 A bug of 1e-9 relative on one rank's features (or on the gradient it hands back) is inside float64's assert_close
 tolerance (rtol 1e-7), so the whole-microbatch checks pass it; the regrouped reference must fail it, naming the
@@ -9,13 +9,15 @@ import pytest
 import torch
 
 from tests.oracle import subjects
-from vdpcp import loss, oracle, regrouped, rounding
-from vdpcp.case import Case, RankResult
+from vdpcp import oracle
+from vdpcp.feature import loss
+from vdpcp.feature.spec import MicrobatchSpec
 from vdpcp.impls import resolve
+from vdpcp.matrix.case import Case, RankResult
+from vdpcp.matrix.runner import run_case
+from vdpcp.matrix.scenarios import matrix
 from vdpcp.oracle import unsharded
-from vdpcp.runner import run_case
-from vdpcp.scenarios import matrix
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.oracle.compare import regrouped, rounding
 
 VIDEO = MicrobatchSpec(images=((8, 8),) * 5 + ((8, 12),) * 2, num_frames=(3, 1, 1, 2), temporal_patch_size=2, seed=3,
                        name="video")
@@ -103,12 +105,12 @@ def test_an_op_with_no_deterministic_kernel_reruns_the_unsharded_arm_under_warn_
     result = RankResult(0)
     with regrouped.deterministic(cpu, result, model):
         assert _flags() == (True, False)
-        ref = unsharded._unsharded(impl, case, model, spec, result, 0, cpu, oracle.Clock(result))
+        ref = unsharded.run_unsharded(impl, case, model, spec, result, 0, cpu, oracle.Clock(result))
         assert _flags() == (True, True)
     assert _flags() == before
     assert ref is not None and result.unsharded_error is None, result.unsharded_error
     assert result.deterministic == "on, but put_ has none" and not regrouped.exact_grads(result)
-    plain = unsharded._unsharded(impl, case, model, spec, RankResult(0), 0, cpu, oracle.Clock(RankResult(0)))
+    plain = unsharded.run_unsharded(impl, case, model, spec, RankResult(0), 0, cpu, oracle.Clock(RankResult(0)))
     assert all(torch.equal(a, b) for a, b in zip(ref.grads, plain.grads))  # no gradient left over from the refusal
     later = RankResult(0)
     with regrouped.deterministic(cpu, later, model):
@@ -148,7 +150,7 @@ def test_the_rounding_measurement_runs_outside_deterministic_algorithms_and_the_
     impl, cpu = resolve(case.impl), torch.device("cpu")
     model, spec, result = impl.build_model(case, torch.float32, cpu), oracle.replica_spec(case, 0), RankResult(0)
     with regrouped.deterministic(cpu, result, model):
-        ref = unsharded._unsharded(impl, case, model, spec, result, 0, cpu, oracle.Clock(result))
+        ref = unsharded.run_unsharded(impl, case, model, spec, result, 0, cpu, oracle.Clock(result))
         assert _flags() == (True, False)
     assert ref is not None and measured == [(False, False)], measured
     assert result.deterministic == "on"

@@ -1,5 +1,5 @@
 """Low-precision quantities compare as norms within the dtype's rtol plus a slack the case measures: twice how far
-the unsharded run in that dtype is from the same run in float64 (vdpcp.rounding.measure), per image for input
+the unsharded run in that dtype is from the same run in float64 (vdpcp.oracle.compare.rounding.measure), per image for input
 gradients. A correct implementation
 whose sums round a little further apart than rtol alone allows passes; one further than the slack fails.
 
@@ -12,9 +12,9 @@ import re
 
 import pytest
 
-from vdpcp.case import Case
-from vdpcp.runner import run_judged
-from vdpcp.scenarios import SCENARIOS
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.runner import run_judged
+from vdpcp.matrix.scenarios import SCENARIOS
 
 SPEC = next(s.spec for s in SCENARIOS if s.spec.name == "three-images")
 
@@ -25,7 +25,7 @@ def _judge(subject: str, dtype: str):
 
 @pytest.mark.distributed
 def test_float32_gradients_further_apart_than_rtol_but_within_the_measured_slack_pass_the_whole_microbatch():
-    """The whole-microbatch checks pass them; the regrouped reference (vdpcp.regrouped), which holds each rank's own
+    """The whole-microbatch checks pass them; the regrouped reference (vdpcp.oracle.compare.regrouped), which holds each rank's own
     gradients bitwise, is the one check that fails them: a correct implementation's own rows round exactly as an
     unsharded run of them does."""
     judged = _judge("within_the_slack", "float32")  # 1.6e-6 apart: over rtol 1.3e-6, within it + ~6.7e-7

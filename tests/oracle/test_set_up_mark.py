@@ -4,11 +4,11 @@ borrows its model, and nothing after it. On the H200 at -n 16 that stretch was w
 
 from contextlib import contextmanager
 
-from vdpcp import runner
-from vdpcp.case import Case
+from vdpcp.feature.spec import MicrobatchSpec
 from vdpcp.harness import run_ranks
+from vdpcp.matrix import runner
+from vdpcp.matrix.case import Case
 from vdpcp.oracle import arms
-from vdpcp.spec import MicrobatchSpec
 
 CASE = Case(MicrobatchSpec(images=((8, 8),) * 3, name="three"), 2)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from vdpcp import gloo_collectives
 from vdpcp.cli import main
+from vdpcp.oracle.observe import gloo_collectives
 
 pytest_plugins = ["pytester"]
 
@@ -69,7 +69,7 @@ def test_pytest_runs_its_matrix_with_vdpcp_impl(project, pytester):
 
 
 def test_unittest_expands_the_matrix_into_named_methods(project):
-    from vdpcp import scenarios
+    from vdpcp.matrix import scenarios
     from vdpcp.testing import assert_case, expand
 
     three = [s for s in scenarios.scenarios() if s.spec.name == "three-images"]

@@ -5,9 +5,9 @@ from dataclasses import dataclass
 
 import torch
 
-from vdpcp.case import Case
 from vdpcp.impls import resolve
-from vdpcp.scenarios import SCENARIOS
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.scenarios import SCENARIOS
 
 SPECS = {s.spec.name: s.spec for s in SCENARIOS}
 

@@ -4,13 +4,13 @@ that said."""
 
 import pytest
 
-from vdpcp.bench.sensitivity import _verdict, bisect, chosen, line
+from vdpcp.tools.bench.sensitivity import bisect, case_verdict, chosen, line
 
 
 @pytest.mark.distributed
 def test_the_unperturbed_run_says_what_the_last_ranks_exact_check_held(on_the_cpu):
     case = chosen("reference", 2, "toy", "eight-equal", "float64", "gloo")
-    verdict, failed, held, planted = _verdict(case, timeout=None)
+    verdict, failed, held, planted = case_verdict(case, timeout=None)
     assert (verdict, failed, planted) == ("pass", set(), None)  # no mutant, no count
     assert held.startswith("outputs, input and parameter gradients bitwise") and held.endswith("(deterministic: cpu)"), held
 

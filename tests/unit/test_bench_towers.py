@@ -1,6 +1,6 @@
 """vdpcp bench towers' summary: the figures a GPU runner's job is sized by, from the per-case rows."""
 
-from vdpcp.bench import towers
+from vdpcp.tools.bench import towers
 
 
 def _row(impl, cp, seconds, world=None, passing=True):

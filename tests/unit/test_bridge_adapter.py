@@ -1,6 +1,6 @@
 """The Bridge adapter (vdpcp.impls.bridge.BridgeEncoder) lends the model the CP group for one call only, and takes it
 back however the call ends: a mismatch case raises inside Bridge's ``_encode_images``, and the model goes back to
-the rank's cache (vdpcp.model_cache) for the next case, which copies it for the exact run below float64; a live
+the rank's cache (vdpcp.oracle.model_cache) for the next case, which copies it for the exact run below float64; a live
 ProcessGroup left on it cannot be copied.
 
 In one process: the model is a stand-in with Bridge's switches and ``_encode_images`` (it raises the mismatch as
@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from vdpcp.contract.protocol import VisionDPConfig
+from vdpcp.feature.spec import MicrobatchSpec
 from vdpcp.impls import bridge
-from vdpcp.protocol import VisionDPConfig
-from vdpcp.spec import MicrobatchSpec
 
 SPEC = MicrobatchSpec(images=((16, 16), (16, 8), (8, 16)), name="three")
 

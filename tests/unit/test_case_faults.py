@@ -9,17 +9,17 @@ No rank runs: the harness's run_ranks is replaced by one that records the grace 
 
 import pytest
 
-from vdpcp import runner
-from vdpcp.case import Case, RankResult
-from vdpcp.expectations import KNOWN_LIMIT_GRACE_S
+from vdpcp.contract.protocol import KnownLimit
+from vdpcp.feature.spec import MicrobatchSpec
 from vdpcp.harness import RankFailure
-from vdpcp.impls import KnownLimit
 from vdpcp.impls.reference import Reference
-from vdpcp.mutants import MUTANTS
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.matrix import runner
+from vdpcp.matrix.case import Case, RankResult
+from vdpcp.matrix.expectations import KNOWN_LIMIT_GRACE_S
+from vdpcp.tools.mutants import MUTANTS
 
 SPEC = MicrobatchSpec(images=((16, 16),) * 3, name="three")
-RANK_FAILURE = ("vdpcp.runner.rank_body (gloo, world size 2) failed on 1 of 2 ranks: rank 1 raised ValueError: "
+RANK_FAILURE = ("vdpcp.matrix.runner.rank_body (gloo, world size 2) failed on 1 of 2 ranks: rank 1 raised ValueError: "
                 "bad grid 1x1")
 
 

@@ -7,13 +7,13 @@ included; -1, not measured, shows none); then the failures.
 Pure: results are built by hand, no rank runs.
 """
 
-from vdpcp.case import Case, RankResult
-from vdpcp.runner import CaseResult
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.feature.spec import MicrobatchSpec
+from vdpcp.matrix.case import Case, RankResult
+from vdpcp.matrix.runner import CaseResult
 
 SPEC = MicrobatchSpec(images=((16, 16),) * 3, name="three")
 CASE = Case(SPEC, 2, "reference")
-RANK_FAILURE = ("vdpcp.runner.rank_body (gloo, world size 2) failed on 1 of 2 ranks: rank 1 raised ValueError: "
+RANK_FAILURE = ("vdpcp.matrix.runner.rank_body (gloo, world size 2) failed on 1 of 2 ranks: rank 1 raised ValueError: "
                 "bad grid 1x1")
 
 

@@ -3,8 +3,10 @@
 import tomllib
 from pathlib import Path
 
-from vdpcp import case, cli, impls, model, plan
+from vdpcp import cli, impls
 from vdpcp.cli import ab
+from vdpcp.feature import model, plan
+from vdpcp.matrix import case
 
 
 def test_cli_choices_are_the_codes_own():

@@ -1,9 +1,9 @@
-"""What a sum over ranks accumulates in (vdpcp.comm.accumulator): wide enough that the check's sum is the
+"""What a sum over ranks accumulates in (vdpcp.feature.comm.accumulator): wide enough that the check's sum is the
 rounding of the exact one, narrow enough for the real size's parameter-gradient sum."""
 
 import torch
 
-from vdpcp import comm
+from vdpcp.feature import comm
 
 
 def test_16_bit_floats_sum_in_float32_and_everything_else_in_float64():

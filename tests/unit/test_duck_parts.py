@@ -10,13 +10,16 @@ its declared failure would be an error.
 
 import pytest
 
-from vdpcp import protocol, scenarios, sharded
-from vdpcp.case import Case
+from vdpcp.contract import protocol
+from vdpcp.contract.protocol import Implementation, KnownLimit, Ownership
+from vdpcp.feature import sharded
+from vdpcp.feature.model import TowerConfig, VisionModel
+from vdpcp.feature.spec import MicrobatchSpec
 from vdpcp.harness import config as harness_config
-from vdpcp.impls import Implementation, ImplError, KnownLimit, Ownership, resolve
-from vdpcp.model import TowerConfig, VisionModel
-from vdpcp.runner import preload_case_modules, run_case, run_judged
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.impls import ImplError, resolve
+from vdpcp.matrix import scenarios
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.runner import preload_case_modules, run_case, run_judged
 
 OPTIONAL = [part for part in protocol.PROTOCOL if part not in protocol.REQUIRED]
 SPEC = MicrobatchSpec(images=((16, 16), (8, 24), (24, 8)), seed=2, name="three")

@@ -3,7 +3,8 @@ methods (the protocol's defaults fill the rest), and one clear ImplError for any
 
 import pytest
 
-from vdpcp.impls import Implementation, ImplError, resolve
+from vdpcp.contract.protocol import Implementation
+from vdpcp.impls import ImplError, resolve
 from vdpcp.impls.reference import Reference
 
 

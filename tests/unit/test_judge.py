@@ -7,11 +7,11 @@ Pure: results are built by hand, no rank runs.
 
 import pytest
 
-from vdpcp import expectations
-from vdpcp.case import Case, RankResult
-from vdpcp.impls import GROUP_MISMATCH_TEXT, KnownLimit
-from vdpcp.runner import CaseResult
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.contract.protocol import GROUP_MISMATCH_TEXT, KnownLimit
+from vdpcp.feature.spec import MicrobatchSpec
+from vdpcp.matrix import expectations
+from vdpcp.matrix.case import Case, RankResult
+from vdpcp.matrix.runner import CaseResult
 
 SIGNATURE = "param grads (summed over ranks)"
 LIMIT = KnownLimit("rounds-inside", "the tower rounds to float32 inside", SIGNATURE)

@@ -1,12 +1,12 @@
-"""vdpcp.layout: world = TP x CP x DP in MCore's order (held to MCore's own RankGenerator), the groups each rank
+"""vdpcp.feature.layout: world = TP x CP x DP in MCore's order (held to MCore's own RankGenerator), the groups each rank
 gets on real ranks, and the zigzag split of the language model's sequence."""
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from vdpcp import layout
-from vdpcp.layout import Layout, zigzag_positions
+from vdpcp.feature import layout
+from vdpcp.feature.layout import Layout, zigzag_positions
 
 LAYOUTS = [Layout(2), Layout(4), Layout(2, 2), Layout(4, 2), Layout(2, 4), Layout(2, 1, 2), Layout(4, 1, 2),
            Layout(2, 2, 2), Layout(1, 2, 2), Layout(3, 1, 1)]

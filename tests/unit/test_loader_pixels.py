@@ -1,15 +1,15 @@
-"""vdpcp.pixels hands a case's microbatch as its ``pixels`` axis says: in the tower's dtype, or as a data loader yields
+"""vdpcp.feature.pixels hands a case's microbatch as its ``pixels`` axis says: in the tower's dtype, or as a data loader yields
 them (float32, whatever the tower's dtype) with the metadata where the tower is; and it reads an implementation's
 declaration of who moves them."""
 
 import pytest
 import torch
 
-from vdpcp import pixels
+from vdpcp.feature import pixels
+from vdpcp.feature.spec import MicrobatchSpec
 from vdpcp.impls import resolve
 from vdpcp.impls.reference import Reference
-from vdpcp.scenarios import matrix
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.matrix.scenarios import matrix
 
 SPEC = MicrobatchSpec(images=((16, 8), (8, 8)), name="two")
 
@@ -56,7 +56,7 @@ class TowerDtypeOnly(Reference):
 
 
 class DuckTowerDtypeOnly:
-    """The same declaration on an object that is not an Implementation (vdpcp.protocol.Adapted fills the rest)."""
+    """The same declaration on an object that is not an Implementation (vdpcp.contract.protocol.Adapted fills the rest)."""
 
     name = "duck-tower-dtype-only"
     loader_pixels = None

@@ -1,4 +1,4 @@
-"""The merged loss (vdpcp.loss), in one process: each rank's loss reads its own weights over the whole merged
+"""The merged loss (vdpcp.feature.loss), in one process: each rank's loss reads its own weights over the whole merged
 stream; the tower sees the same loss the exact run and the regrouped reference take; the prompt's gradient is the
 weights, bit for bit, summed over ranks too; and a backward that writes into the gradient it was handed changes the
 prompt's gradient, where a replacing merge or a prompt that is a leaf would hide it."""
@@ -6,11 +6,11 @@ prompt's gradient, where a replacing merge or a prompt that is a leaf would hide
 import pytest
 import torch
 
-from vdpcp import loss
-from vdpcp.case import Case
-from vdpcp.layout import zigzag_positions
-from vdpcp.mutants import gradient_changed
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.feature import loss
+from vdpcp.feature.layout import zigzag_positions
+from vdpcp.feature.spec import MicrobatchSpec
+from vdpcp.matrix.case import Case
+from vdpcp.tools.mutants import gradient_changed
 
 SPEC = MicrobatchSpec(images=((16, 16), (8, 24), (24, 8)), seed=7, name="three")
 SHAPES = {"features": (10, 6), "deepstack0": (10, 6)}

@@ -1,4 +1,4 @@
-"""The judge of a process-group mismatch (vdpcp.expectations.group_error_problems): the documented error is the
+"""The judge of a process-group mismatch (vdpcp.matrix.expectations.group_error_problems): the documented error is the
 declared exception class carrying the declared text, raised by every rank of the case, every DP replica's too.
 
 Pure: the failure text is built by hand as the harness writes it, no rank runs.
@@ -6,11 +6,11 @@ Pure: the failure text is built by hand as the harness writes it, no rank runs.
 
 import pytest
 
-from vdpcp import expectations
-from vdpcp.case import Case
-from vdpcp.impls import GROUP_MISMATCH_TEXT
-from vdpcp.runner import CaseResult
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.contract.protocol import GROUP_MISMATCH_TEXT
+from vdpcp.feature.spec import MicrobatchSpec
+from vdpcp.matrix import expectations
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.runner import CaseResult
 
 SPEC = MicrobatchSpec(images=((16, 16),), name="m")
 DOCUMENTED = f"reference: {GROUP_MISMATCH_TEXT}: context_parallel_size=4 but the CP group has 2 ranks"
@@ -26,7 +26,7 @@ def _judged(case: Case, raised: dict[int, str]) -> tuple[str, str]:
 @pytest.mark.parametrize("kind", ["RuntimeError", "ValueError", "GroupMismatch", "NotGroupMismatchError"])
 def test_the_documented_text_in_another_exception_class_is_not_the_documented_error(kind):
     case = Case(SPEC, 2, config_cp=4)
-    assert _judged(case, {0: "GroupMismatchError", 1: "vdpcp.protocol.GroupMismatchError"}) == (
+    assert _judged(case, {0: "GroupMismatchError", 1: "vdpcp.contract.protocol.GroupMismatchError"}) == (
         "pass", "the documented error on every rank")
     verdict, why = _judged(case, {0: kind, 1: kind})
     assert verdict == "fail", why

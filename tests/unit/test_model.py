@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from vdpcp.model import TowerConfig, VisionModel, output_tokens, pad_patch_grid_to_even, pixel_shuffle, positions_needed
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.feature.model import TowerConfig, VisionModel, output_tokens, pad_patch_grid_to_even, pixel_shuffle, positions_needed
+from vdpcp.feature.spec import MicrobatchSpec
 
 P = 4
 C = 3  # channels of the toy grids below
@@ -160,8 +160,8 @@ def test_a_grid_larger_than_the_kept_positions_is_refused_naming_it():
 
 
 def test_a_case_keeps_the_positions_its_microbatch_needs():
-    from vdpcp.case import Case
     from vdpcp.impls import resolve
+    from vdpcp.matrix.case import Case
 
     spec = MicrobatchSpec(images=((8, 24), (4, 4)), patch_dim=P)
     model = resolve("reference").build_model(Case(spec, 2, "reference"), torch.float64, torch.device("cpu"))

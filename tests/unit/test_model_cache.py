@@ -1,6 +1,6 @@
 """A rank's models: built once per key, reused by the cases after, given back as they were built, dropped with
 a failure naming what changed when a case changed their weights or their tensors, and kept while those beyond the
-newest hold at most 2 GiB, the oldest dropped first (vdpcp.model_cache)."""
+newest hold at most 2 GiB, the oldest dropped first (vdpcp.oracle.model_cache)."""
 
 import itertools
 from dataclasses import replace
@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vdpcp import model_cache
-from vdpcp.case import Case
+from vdpcp.feature.spec import MicrobatchSpec
 from vdpcp.impls import resolve
-from vdpcp.runner import run_judged
-from vdpcp.scenarios import SCENARIOS
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.matrix.case import Case
+from vdpcp.matrix.runner import run_judged
+from vdpcp.matrix.scenarios import SCENARIOS
+from vdpcp.oracle import model_cache
 
 SPEC = next(s.spec for s in SCENARIOS if s.spec.name == "three-images")
 

@@ -7,11 +7,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from vdpcp import loss as lm_loss
 from vdpcp import oracle
-from vdpcp.case import Case
-from vdpcp.impls import Ownership
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.contract.protocol import Ownership
+from vdpcp.feature import loss as lm_loss
+from vdpcp.feature.spec import MicrobatchSpec
+from vdpcp.matrix.case import Case
 
 SPEC = MicrobatchSpec(images=((16, 16), (8, 24), (24, 8)), seed=7, name="three")
 SHAPE = (4 + 3 + 3, 48)  # tokens of the three images, lm_hidden
@@ -49,7 +49,7 @@ def test_loss_weights_are_deterministic_distinct_per_rank_and_in_the_cases_dtype
 
 
 def test_zigzag_rows_are_the_vision_part_of_the_fused_sequences_split():
-    from vdpcp.layout import zigzag_positions
+    from vdpcp.feature.layout import zigzag_positions
 
     n, before, after = 10, lm_loss.TEXT_BEFORE, lm_loss.TEXT_AFTER
     for rank in range(4):

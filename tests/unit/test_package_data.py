@@ -9,7 +9,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-from vdpcp import cli, scenarios
+from vdpcp import cli
+from vdpcp.matrix import scenarios
 
 REPO = Path(__file__).resolve().parents[2]
 SELECTION = ["check", "--list", "--impl", "reference", "mcore"]

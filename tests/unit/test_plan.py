@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vdpcp.plan import DEFAULT_ALPHA, PlanError, make_plan, mcore_gives_up
+from vdpcp.feature.plan import DEFAULT_ALPHA, PlanError, make_plan, mcore_gives_up
 
 P = 4
 SEARCH = settings(derandomize=True, database=None, max_examples=300, deadline=None)

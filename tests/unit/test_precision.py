@@ -1,4 +1,4 @@
-"""The precision model's parts (vdpcp.precision): the exact run's switches, its chunks, and the comparisons."""
+"""The precision model's parts (vdpcp.oracle.compare.precision): the exact run's switches, its chunks, and the comparisons."""
 
 import math
 from dataclasses import replace
@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from vdpcp import precision, rounding
+from vdpcp.oracle.compare import precision, rounding
 
 from .precision_runs import SPECS, exact_copy, unsharded_run
 

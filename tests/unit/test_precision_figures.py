@@ -1,4 +1,4 @@
-"""vdpcp.precision's figures, to the digit: the relative distances the slack is made of (at any magnitude, a tiny
+"""vdpcp.oracle.compare.precision's figures, to the digit: the relative distances the slack is made of (at any magnitude, a tiny
 gradient's too), the slack being twice them, and the messages that state both bounds."""
 
 import math
@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from vdpcp import precision, rounding
+from vdpcp.oracle.compare import precision, rounding
 
 from .precision_runs import exact_copy, unsharded_run
 

@@ -1,4 +1,4 @@
-"""vdpcp.progress: the per-case log line, --maxfail, reports replaced atomically, SIGTERM as an orderly stop.
+"""vdpcp.matrix.progress: the per-case log line, --maxfail, reports replaced atomically, SIGTERM as an orderly stop.
 The CLI's use of them, on real ranks, is tested in tests/distributed/test_progress_cli.py."""
 
 import io
@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from vdpcp import progress
 from vdpcp.cli import main
-from vdpcp.hunt import Hunt
+from vdpcp.matrix import progress
+from vdpcp.tools.mutants.hunt import Hunt
 
 
 def _result(backend="gloo", devices=("cpu", "cpu"), failures=()):
@@ -84,7 +84,7 @@ def test_mutants_with_x_stop_at_the_first_survivor_and_say_so(tmp_path, capsys, 
         hunted.append(name)
         return Hunt(name, tried=[c.id for c in cases])
 
-    monkeypatch.setattr("vdpcp.hunt.hunt", survives)
+    monkeypatch.setattr("vdpcp.tools.mutants.hunt.hunt", survives)
     code = main(["mutants", "replicated-loss", "grad-not-summed", "-x", "--json", str(tmp_path / "m.json")])
     out = capsys.readouterr().out
     assert code == 1 and hunted == ["replicated-loss", "replicated-loss"], out  # kill set, then the matrix

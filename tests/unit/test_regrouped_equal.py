@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from vdpcp.regrouped import _equal, _same
+from vdpcp.oracle.compare.regrouped import bitwise_equal, within_ulps
 
 
 def _pairs(change):
@@ -25,12 +25,12 @@ def _pairs(change):
 ])
 def test_many_pairs_at_once_say_what_each_torch_equal_says(change):
     got, want = _pairs(change)
-    assert _equal(got, want) == all(torch.equal(g, w) for g, w in zip(got, want))
+    assert bitwise_equal(got, want) == all(torch.equal(g, w) for g, w in zip(got, want))
 
 
 def test_a_difference_within_the_allowed_units_of_rounding_is_the_same_and_one_past_them_is_not():
     want = [torch.ones(1000, dtype=torch.float64)]
     eps = torch.finfo(torch.float64).eps
-    assert not _same([want[0] * (1 + 3 * eps)], want, 0)
-    assert _same([want[0] * (1 + 3 * eps)], want, 16)
-    assert not _same([want[0] * (1 + 40 * eps)], want, 16)
+    assert not within_ulps([want[0] * (1 + 3 * eps)], want, 0)
+    assert within_ulps([want[0] * (1 + 3 * eps)], want, 16)
+    assert not within_ulps([want[0] * (1 + 40 * eps)], want, 16)

@@ -1,8 +1,8 @@
 """The check report as a CI log shows it: stdout is not a terminal there."""
 
-from vdpcp import report, scenarios
-from vdpcp.case import RankResult
-from vdpcp.runner import CaseResult
+from vdpcp.matrix import report, scenarios
+from vdpcp.matrix.case import RankResult
+from vdpcp.matrix.runner import CaseResult
 
 LONG_WHY = ("a known upstream limit: MCore's gather backward needs NCCL for an uneven all_gather_into_tensor, "
             "so on gloo the case fails the known way")

@@ -1,4 +1,4 @@
-"""An outputs-only exact run shared out over the CP ranks (vdpcp.rounding.Share, Shared.summed): every rank reads
+"""An outputs-only exact run shared out over the CP ranks (vdpcp.oracle.compare.rounding.Share, Shared.summed): every rank reads
 each output row's slack as that row's owner measured it, not only its own rows' (a rank's part is zeros on the
 others' rows: read as it is, every row another rank owns would be held to the dtype's rtol alone, and bf16 and
 float32 outputs-only cases would fail correct towers).
@@ -10,10 +10,12 @@ from types import SimpleNamespace
 
 import torch
 
-from vdpcp import comm, oracle, rounding
-from vdpcp.case import Case
+from vdpcp import oracle
+from vdpcp.feature import comm
+from vdpcp.feature.spec import MicrobatchSpec
 from vdpcp.impls import resolve
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.matrix.case import Case
+from vdpcp.oracle.compare import rounding
 
 SPEC = MicrobatchSpec(images=((8, 8), (8, 16), (16, 8)), seed=5, name="three-small")
 

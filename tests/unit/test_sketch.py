@@ -1,4 +1,4 @@
-"""vdpcp.sketch: a count sketch is linear (so it commutes with the sum over ranks), estimates a squared 2-norm within
+"""vdpcp.oracle.compare.sketch: a count sketch is linear (so it commutes with the sum over ranks), estimates a squared 2-norm within
 its stated standard deviation, keeps a difference in a few elements exactly, and hashes alike on every call."""
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from vdpcp import sketch
+from vdpcp.oracle.compare import sketch
 
 
 def _vectors(seed: int, sizes=(300, 7, 1200)) -> list[torch.Tensor]:

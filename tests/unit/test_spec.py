@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from vdpcp.spec import DEFAULT_PATCH_DIM, MicrobatchSpec, SpecError
+from vdpcp.feature.spec import DEFAULT_PATCH_DIM, MicrobatchSpec, SpecError
 
 GOOD = {"name": "doc-qa", "images": [[8, 8], [8, 12]], "num_frames": [1, 1], "temporal_patch_size": 1, "patch_dim": 4, "seed": 3}
 VIDEO = {"name": "clip", "images": [[8, 8]] * 5 + [[4, 12]], "num_frames": [5, 1], "temporal_patch_size": 2, "seed": 7}

@@ -82,10 +82,10 @@ def test_a_quiet_import_of_torchs_cpp_extension_drops_the_no_cuda_notice_and_not
 
 
 def test_vdpcps_reads_warm_forward_mode_ad_at_import_with_torchs_jit_notice_dropped():
-    """A fresh interpreter that imports vdpcp.reads (as the rank zygote does, through vdpcp.runner) has what
+    """A fresh interpreter that imports vdpcp.oracle.observe.reads (as the rank zygote does, through vdpcp.matrix.runner) has what
     forward-mode AD loads at a first dual tensor already loaded, so workers forked from it do not load it each,
     and printed no notice of torch's own deprecated torch.jit.script use, with every warning shown."""
-    code = "import sys, vdpcp.reads; print('torch._decomp.decompositions_for_jvp' in sys.modules)"
+    code = "import sys, vdpcp.oracle.observe.reads; print('torch._decomp.decompositions_for_jvp' in sys.modules)"
     run = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout == "True\n" and "torch.jit.script" not in run.stderr, run.stderr

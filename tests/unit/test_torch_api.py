@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "vdpcp"
 # Private names vdpcp relies on, each for a reason, each there across the declared range (2.6 to 2.14: the
 # oldest-torch job runs the harness tests that use them):
 ALLOWED = {
-    ("bench/harness.py", "torch.testing._internal.common_distributed"),  # the baseline the harness bench times
+    ("tools/bench/harness.py", "torch.testing._internal.common_distributed"),  # the baseline the harness bench times
     # c10d's registry of live process groups: the only way to see every group a case made (its subgroups too)
     # and check them sound before its workers are kept (vdpcp.harness.soundness)
     ("harness/soundness.py", "torch.distributed.distributed_c10d._world"),
@@ -18,7 +18,7 @@ ALLOWED = {
     ("harness/zygote.py", "torch.cuda._is_in_bad_fork"),
     # the end of one backward pass, where a field-bug mutant gives torch.distributed back: torch has no public hook
     # for it (FSDP uses the same callback queue)
-    ("mutants/collectives.py", "torch.autograd.Variable._execution_engine"),
+    ("tools/mutants/collectives.py", "torch.autograd.Variable._execution_engine"),
 }
 
 

@@ -3,12 +3,12 @@ stands for (``--tower real``, for GPUs), with microbatches that mean something t
 
 import pytest
 
-from vdpcp import scenarios
 from vdpcp.cli import main
-from vdpcp.cli.mutants import _kill_set
+from vdpcp.cli.mutants import kill_set
 from vdpcp.harness.pool import WorkerPool
 from vdpcp.impls import BUILT_INS, SHIPPED, resolve
-from vdpcp.mutants import MUTANTS
+from vdpcp.matrix import scenarios
+from vdpcp.tools.mutants import MUTANTS
 
 # The published vision towers each subject stands for (their config.json's vision_config).
 PUBLISHED = {
@@ -42,7 +42,7 @@ def test_the_real_size_is_the_published_towers(impl):
 
 
 def test_the_references_real_size_is_vit_l_16():
-    from vdpcp.model import REAL_PATCH, TOWERS
+    from vdpcp.feature.model import REAL_PATCH, TOWERS
 
     assert REAL_PATCH == 16 and {k: TOWERS["real"][k] for k in ("hidden", "heads", "layers")} == dict(hidden=1024, heads=16,
                                                                                                      layers=24)
@@ -68,7 +68,7 @@ def test_each_tower_gets_the_real_microbatches_at_its_own_patch_grids_kept(impl,
 @pytest.mark.parametrize("name", [n for n, m in MUTANTS.items() if not m.generic])
 def test_every_named_mutant_has_a_kill_set_at_the_real_size(name):
     matrix = scenarios.matrix(impls=BUILT_INS, tower="real")
-    assert _kill_set(MUTANTS[name].kills, matrix, "reference", "real")
+    assert kill_set(MUTANTS[name].kills, matrix, "reference", "real")
 
 
 def test_a_real_size_case_on_the_cpu_is_refused_up_front_naming_what_overrides_it(capsys, no_rank_starts, on_the_cpu):

@@ -1,12 +1,12 @@
-"""vdpcp.traffic counts the bytes of host pixels a rank copies to its device. On this CPU-only machine the device a
+"""vdpcp.oracle.observe.traffic counts the bytes of host pixels a rank copies to its device. On this CPU-only machine the device a
 move names stands in for the accelerator: each move of the pixels, or of anything made of them on the host, is
 counted once, and a rank past its share of the unsharded encode's own copies is not sharded."""
 
 import pytest
 import torch
 
-from vdpcp import traffic
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.feature.spec import MicrobatchSpec
+from vdpcp.oracle.observe import traffic
 
 
 def _pixels(rows: int = 10, width: int = 12) -> torch.Tensor:

@@ -12,13 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from vdpcp import expectations, fuzz, hunt
-from vdpcp.case import Case, RankResult
 from vdpcp.cli import main
 from vdpcp.cli.check import exit_code
-from vdpcp.impls import KnownLimit
-from vdpcp.runner import CaseResult, Judged
-from vdpcp.spec import MicrobatchSpec
+from vdpcp.contract.protocol import KnownLimit
+from vdpcp.feature.spec import MicrobatchSpec
+from vdpcp.matrix import expectations
+from vdpcp.matrix.case import Case, RankResult
+from vdpcp.matrix.runner import CaseResult, Judged
+from vdpcp.tools import fuzz
+from vdpcp.tools.mutants import hunt
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "verdicts.md"
 
@@ -101,7 +103,7 @@ def _built(flags=(), unsharded="none", error="none", limited=False, carry="none"
     if ERRORS[error] is not None:  # an errored case reports its error alone, whatever its ranks said
         carried.clear()
         text = message(ERRORS[error])
-        error_text = f"vdpcp.runner.rank_body (gloo, world size 3) failed on 1 of 3 ranks: {text}\n\n----- {text} -----"
+        error_text = f"vdpcp.matrix.runner.rank_body (gloo, world size 3) failed on 1 of 3 ranks: {text}\n\n----- {text} -----"
     result = CaseResult(_case(limited), ranks=ranks, error=error_text, backend="gloo")
     return result, bool(carried) and all(carried)
 
@@ -174,12 +176,12 @@ def _showing(verdict: str) -> Judged:
 
 
 def _replay_exit(verdict, tmp_path, monkeypatch) -> int:
-    import vdpcp.runner
+    import vdpcp.matrix.runner
 
     spec = tmp_path / "three-cp3.json"
     spec.write_text('{"name": "three-cp3", "images": [[16, 16], [16, 16], [16, 16]]}')
-    monkeypatch.setattr(vdpcp.runner, "preload_case_modules", lambda impls: None)
-    monkeypatch.setattr(vdpcp.runner, "run_judged",
+    monkeypatch.setattr(vdpcp.matrix.runner, "preload_case_modules", lambda impls: None)
+    monkeypatch.setattr(vdpcp.matrix.runner, "run_judged",
                         lambda case, backend=None, timeout=None, known_limits=True: _showing(verdict))
     return main(["replay", str(spec), "--impl", "tests.unit.test_verdicts:NO_LIMIT"])
 
@@ -205,15 +207,15 @@ def test_fuzz_finds_a_failure_in_a_verdict_as_the_table_says(verdict):
 
 
 def test_check_exits_with_the_code_of_its_cases_verdicts(monkeypatch, capsys):
-    import vdpcp.runner
+    import vdpcp.matrix.runner
 
     # (the two cases' verdicts, flags): the exit code; -x stops after the first, so the second is never known
     runs = {(("pass", "not-sharded"), ()): 3, (("not-sharded", "fail"), ()): 1, (("xpass", "not-sharded"), ()): 1,
             (("xfail", "pass"), ()): 0, (("not-sharded", "pass"), ("-x",)): 1}
-    monkeypatch.setattr(vdpcp.runner, "preload_case_modules", lambda impls: None)
+    monkeypatch.setattr(vdpcp.matrix.runner, "preload_case_modules", lambda impls: None)
     for (verdicts, flags), want in runs.items():
         shown = iter(verdicts)
-        monkeypatch.setattr(vdpcp.runner, "run_judged", lambda case, backend=None, timeout=None, shown=shown: _showing(next(shown)))
+        monkeypatch.setattr(vdpcp.matrix.runner, "run_judged", lambda case, backend=None, timeout=None, shown=shown: _showing(next(shown)))
         argv = ["check", "--cp", "1", "--impl", "reference", "-k", "three-images-cp1", *flags]
         assert main(argv) == want, f"{' '.join(argv)} with verdicts {verdicts}: expected exit {want}"
 

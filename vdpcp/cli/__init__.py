@@ -4,7 +4,7 @@ Each subcommand module defines ``register(subparsers)``, which adds its parser a
 (a callable taking the parsed args and returning the exit code). Exit codes: 0 every case passed,
 1 a case failed (or the fuzzer found a failure, or --maxfail stopped the run), 2 bad input; check and replay also
 3 (not sharded), 4 (unbalanced) and 5 (a backward wrote into its incoming gradient), as docs/verdicts.md's table
-ranks them; 143 (130) stopped by SIGTERM (Ctrl-C) after the cases it finished (vdpcp.progress).
+ranks them; 143 (130) stopped by SIGTERM (Ctrl-C) after the cases it finished (vdpcp.matrix.progress).
 """
 
 import argparse
@@ -17,7 +17,7 @@ import sys
 from vdpcp.usage import UsageError, number  # a leaf the reports import too; the subcommands import them from here
 
 # Choices the subcommands share, kept literal so `vdpcp --help` need not import torch; tests/unit/test_cli.py
-# holds them equal to vdpcp.case.DTYPES / LOSSES and vdpcp.plan.STRATEGIES. Implementations and their
+# holds them equal to vdpcp.matrix.case.DTYPES / LOSSES and vdpcp.feature.plan.STRATEGIES. Implementations and their
 # partitions are not a fixed choice: --impl takes a registered name or module:object (vdpcp.impls.resolve
 # checks it), --split any partition an implementation names (checked_splits).
 SPLITS = ("count", "balanced", "packed")  # the reference's
@@ -47,7 +47,7 @@ def add_run_options(parser) -> None:
 
 
 def add_budget_option(parser) -> None:
-    """--max-spec-bytes and --max-case-tflop, for every subcommand that runs cases: each is sized first (vdpcp.budget)."""
+    """--max-spec-bytes and --max-case-tflop, for every subcommand that runs cases: each is sized first (vdpcp.matrix.budget)."""
     parser.add_argument("--max-spec-bytes", default=None, metavar="BYTES",
                         help="refuse a case whose estimated memory (on the CPU: every rank on this machine; on GPUs: the "
                              "busiest GPU) is over BYTES, e.g. 16G (default: $VDPCP_MAX_SPEC_BYTES, else 8G on the CPU and "
@@ -77,7 +77,7 @@ def checked_tower(tower: str, impls) -> str:
 def spec_limit(value, tflop=None):
     """--max-spec-bytes and --max-case-tflop for one subcommand, then the limits as they were; a bad limit, or a spec
     over one, wherever it is met, is one usage error (exit 2)."""
-    from vdpcp import budget
+    from vdpcp.matrix import budget
 
     try:
         with budget.limited(value), budget.limited_flops(tflop):
@@ -87,7 +87,7 @@ def spec_limit(value, tflop=None):
     except budget.BudgetError as err:
         raise UsageError(str(err)) from None
     except Exception as err:
-        spec = sys.modules.get("vdpcp.spec")
+        spec = sys.modules.get("vdpcp.feature.spec")
         if spec is not None and isinstance(err, spec.SpecTooLarge):
             raise UsageError(str(err)) from None
         raise

@@ -3,7 +3,7 @@
 The skill's A/B in small: the same seed, weights and microbatches, CP ranks whose language model takes its
 loss on its zigzag shard, gradients summed over CP, AdamW; only the flag differs (on: the implementation's
 sharded encode; off: every rank encodes every image). The arms are mathematically equal, so their losses and
-grad norms must agree per step, and their final parameters, within the dtype's rounding (vdpcp.ab.judge says
+grad norms must agree per step, and their final parameters, within the dtype's rounding (vdpcp.tools.ab.judge says
 how far). On a GPU it also reports the busiest rank's peak memory and the step time of each arm. --mutant
 applies a named mutant to the sharded arm only. Exit 0 when the arms agree, 1 when they do not (or a rank
 failed), 2 on bad input.
@@ -16,7 +16,7 @@ from pathlib import Path
 from vdpcp.cli import DTYPES, IMPL_HELP, POSITIVE, SEED, UsageError, add_run_options, checked_impls, number
 
 AB_RANKS = number(int, 2, note="vision_dp_over_cp is a no-op at CP=1, so both arms would be one run")
-TOWERS = ("toy", "real")  # vdpcp.model.TOWERS, literal so that `vdpcp --help` imports no torch
+TOWERS = ("toy", "real")  # vdpcp.feature.model.TOWERS, literal so that `vdpcp --help` imports no torch
 
 
 def register(subparsers) -> None:
@@ -30,7 +30,7 @@ def register(subparsers) -> None:
     parser.add_argument("--tower", choices=TOWERS, default="toy",
                         help="toy: the toy tower on downscaled microbatches (CPU); real: the reference's published size "
                              "(ViT-L/16: hidden 1024, 24 layers) on the dataset's real sizes (GPU memory)")
-    parser.add_argument("--mutant", metavar="NAME", help="a named mutant (vdpcp.mutants), in the sharded arm only")
+    parser.add_argument("--mutant", metavar="NAME", help="a named mutant (vdpcp.tools.mutants), in the sharded arm only")
     parser.add_argument("--seed", type=SEED, default=0, help="seed of the weights and the microbatches (default 0)")
     add_run_options(parser)
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the per-step record and the verdict as JSON")
@@ -40,9 +40,9 @@ def register(subparsers) -> None:
 
 def checked_run(args):
     """The Run the options describe; UsageError naming the first bad one."""
-    from vdpcp.ab.train import Run
-    from vdpcp.datasets import DATASETS
-    from vdpcp.mutants import MUTANTS
+    from vdpcp.feature.datasets import DATASETS
+    from vdpcp.tools.ab.train import Run
+    from vdpcp.tools.mutants import MUTANTS
 
     if args.dataset not in DATASETS:
         raise UsageError(f"--dataset {args.dataset}: unknown dataset; expected one of {', '.join(sorted(DATASETS))}")
@@ -56,12 +56,12 @@ def checked_run(args):
 def main(args) -> int:
     import time
 
-    from vdpcp import report
-    from vdpcp.ab import report as ab_report
-    from vdpcp.ab.judge import judge
-    from vdpcp.ab.train import ab_ranks
     from vdpcp.harness import BackendUnavailable, RankFailure, run_ranks
     from vdpcp.harness.config import resolve_backend
+    from vdpcp.matrix import report
+    from vdpcp.tools.ab import report as ab_report
+    from vdpcp.tools.ab.judge import judge
+    from vdpcp.tools.ab.train import ab_ranks
 
     run = checked_run(args)
     try:
@@ -90,8 +90,8 @@ def main(args) -> int:
 
 def known_limits(run, backend: str, failure: str) -> list:
     """The known limits (KnownLimit) the implementation declares for the run's microbatches that the failure shows."""
-    from vdpcp.case import Case
     from vdpcp.impls import resolve
+    from vdpcp.matrix.case import Case
 
     impl = resolve(run.impl)
     limits = {impl.known_limit(Case(draw.spec, run.cp, impl=run.impl), backend) for step in run.schedule() for draw in step}

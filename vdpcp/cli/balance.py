@@ -27,7 +27,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from vdpcp import balance
+    from vdpcp.feature import balance
 
     specs = _specs(args)
     cps = args.cp or [2, 4, 8]
@@ -48,8 +48,8 @@ def run(args) -> int:
 
 
 def _specs(args):
-    from vdpcp.datasets import DatasetError, generate
-    from vdpcp.spec import MicrobatchSpec, SpecError
+    from vdpcp.feature.datasets import DatasetError, generate
+    from vdpcp.feature.spec import MicrobatchSpec, SpecError
 
     if (args.source is None) == (args.dataset is None):
         raise UsageError("give either a spec file or folder, or --dataset NAME (not both)")

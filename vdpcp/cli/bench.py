@@ -4,12 +4,12 @@ import importlib
 
 # target name -> module defining add_arguments(parser) and run(args) -> exit code (see vdpcp/bench)
 TARGETS = {
-    "faults": "vdpcp.bench.faults",
-    "harness": "vdpcp.bench.harness",
-    "memory": "vdpcp.bench.memory",
-    "sensitivity": "vdpcp.bench.sensitivity",
-    "towers": "vdpcp.bench.towers",
-    "wire": "vdpcp.bench.wire",
+    "faults": "vdpcp.tools.bench.faults",
+    "harness": "vdpcp.tools.bench.harness",
+    "memory": "vdpcp.tools.bench.memory",
+    "sensitivity": "vdpcp.tools.bench.sensitivity",
+    "towers": "vdpcp.tools.bench.towers",
+    "wire": "vdpcp.tools.bench.wire",
 }
 
 

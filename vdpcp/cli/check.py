@@ -3,7 +3,7 @@
 Each case runs the sharded encoder on CP ranks and compares it with the unsharded one: outputs on every
 rank, each rank's input grads for its own images, and parameter grads (summed over ranks, and each rank's
 own), and what each rank's tower really read (did it shard, as its plan says?). Known upstream limits are strict
-xfails (see vdpcp.scenarios). Exit 0 when every case passes (pass, replicated as the implementation's fallback
+xfails (see vdpcp.matrix.scenarios). Exit 0 when every case passes (pass, replicated as the implementation's fallback
 policy says, or a strict xfail failing the known way), 3 when the only others are not-sharded (every result right,
 but some microbatch was not distributed where vision_dp_over_cp should have sharded it: the feature is a
 silent no-op there, which CI should stop on but a script can tell from a wrong result), 4 when the only others are
@@ -37,7 +37,7 @@ from vdpcp.cli import (
     checked_splits,
     checked_tower,
 )
-from vdpcp.progress import add_maxfail_options
+from vdpcp.matrix.progress import add_maxfail_options
 
 
 def register(subparsers) -> None:
@@ -53,9 +53,9 @@ def register(subparsers) -> None:
                         help="run these spec files (or every *.json under a folder) instead of the matrix's scenarios")
     parser.add_argument("-k", "--match", metavar="TEXT", help="only cases whose id contains TEXT")
     parser.add_argument("--dtype", choices=DTYPES, default="float64",
-                        help="dtype of every case (default float64; bf16 gradients compare as vectors, see vdpcp.case)")
+                        help="dtype of every case (default float64; bf16 gradients compare as vectors, see vdpcp.matrix.case)")
     parser.add_argument("--tower", default="toy", metavar="SIZE", help=TOWER_HELP)
-    parser.add_argument("--mutant", metavar="NAME", help="apply a named mutant (vdpcp.mutants) to every case: see what kills it")
+    parser.add_argument("--mutant", metavar="NAME", help="apply a named mutant (vdpcp.tools.mutants) to every case: see what kills it")
     add_run_options(parser)
     add_budget_option(parser)
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every case's result as JSON")
@@ -68,9 +68,9 @@ def register(subparsers) -> None:
 def select(args) -> tuple[list, list]:
     """The cases the options ask for, in the matrix's order, and the scenario table they come from;
     UsageError on bad input, an empty selection or a case over the spec limit (sized before any runs)."""
-    from vdpcp import budget, scenarios
-    from vdpcp.case import Case
-    from vdpcp.spec import SpecError
+    from vdpcp.feature.spec import SpecError
+    from vdpcp.matrix import budget, scenarios
+    from vdpcp.matrix.case import Case
 
     cps = tuple(args.cp or scenarios.CP_SIZES)
     from vdpcp.impls import defaults
@@ -104,7 +104,7 @@ def select(args) -> tuple[list, list]:
     if args.dtype != "float64":
         cases = [c.with_(dtype=args.dtype) for c in cases]
     if args.mutant:
-        from vdpcp.mutants import MUTANTS, known
+        from vdpcp.tools.mutants import MUTANTS, known
 
         try:
             if not known(args.mutant):
@@ -124,11 +124,11 @@ def select(args) -> tuple[list, list]:
 
 
 def main(args) -> int:
-    from vdpcp import progress, report, scenarios
-    from vdpcp.expectations import PASSING
     from vdpcp.harness import BackendUnavailable, deferred_imports
     from vdpcp.harness.config import configure, planned_backend, resolve_backend
-    from vdpcp.runner import preload_case_modules, run_judged
+    from vdpcp.matrix import progress, report, scenarios
+    from vdpcp.matrix.expectations import PASSING
+    from vdpcp.matrix.runner import preload_case_modules, run_judged
 
     cases, table = select(args)
     cases, left_out = scenarios.confirm_once(cases, lambda case: planned_backend(args.backend, case.world_size))
@@ -193,7 +193,7 @@ OWN_EXIT = {"grad-written": GRAD_WRITTEN_EXIT, "not-sharded": NOT_SHARDED_EXIT, 
 def exit_code(verdicts) -> int:
     """0 when every verdict passes; 1 when any other exits 1; else the code of the first of OWN_EXIT among them
     (see the module's docstring)."""
-    from vdpcp.expectations import PASSING
+    from vdpcp.matrix.expectations import PASSING
 
     rest = {v for v in verdicts if v not in PASSING}
     if not rest:

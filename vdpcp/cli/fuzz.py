@@ -33,11 +33,11 @@ def register(subparsers) -> None:
 
 
 def main(args) -> int:
-    from vdpcp.fuzz import DEFAULT_BUDGET, Search, fuzz
+    from vdpcp.tools.fuzz import DEFAULT_BUDGET, Search, fuzz
 
     budget = DEFAULT_BUDGET if args.budget is None else args.budget
     from vdpcp.impls import resolve
-    from vdpcp.runner import preload_case_modules
+    from vdpcp.matrix.runner import preload_case_modules
 
     check_mutant(args.mutant)
     impl = checked_impls([args.impl or "reference"])[0]
@@ -81,8 +81,8 @@ def _summary(report, seconds: float) -> str:
 
 
 def _spec_text(spec, name: bool = True) -> str:
-    """A spec as JSON when short; a long one by its counts and size ranges (vdpcp.spec.summary)."""
-    from vdpcp.spec import SHORT_ROWS, summary
+    """A spec as JSON when short; a long one by its counts and size ranges (vdpcp.feature.spec.summary)."""
+    from vdpcp.feature.spec import SHORT_ROWS, summary
 
     if len(spec.images) > SHORT_ROWS:
         return summary(spec)
@@ -91,10 +91,10 @@ def _spec_text(spec, name: bool = True) -> str:
 
 class _Progress:
     """Every microbatch run, as it ends: a rich progress line on stderr while it is a terminal (drawn, then
-    shrinking runs), a log line on stdout while that is not (vdpcp.progress)."""
+    shrinking runs), a log line on stdout while that is not (vdpcp.matrix.progress)."""
 
     def __init__(self, search):
-        from vdpcp.progress import CaseProgress
+        from vdpcp.matrix.progress import CaseProgress
 
         self._budget = search.budget
         self._shown = CaseProgress(f"fuzz cp={search.cp} {search.tag}: drawing", search.budget)
@@ -109,7 +109,7 @@ class _Progress:
         return self._shown.__exit__(*exc)
 
     def update(self, report, spec, result) -> None:
-        from vdpcp.progress import Finished, first_failure, line, where
+        from vdpcp.matrix.progress import Finished, first_failure, line, where
 
         now, seconds = time.monotonic(), time.monotonic() - self._last
         self._last = now
@@ -126,7 +126,7 @@ class _Progress:
 def _drawn_text(spec) -> str:
     """A drawn microbatch in one short line: its shapes and seed (every drawn case has the same id); a long one
     by its counts and size ranges."""
-    from vdpcp.spec import SHORT_ROWS, summary
+    from vdpcp.feature.spec import SHORT_ROWS, summary
 
     if len(spec.images) > SHORT_ROWS:
         return summary(spec)

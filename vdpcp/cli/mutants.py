@@ -1,6 +1,6 @@
 """`vdpcp mutants`: run the matrix against each named mutant and report which case killed it.
 
-A mutant is a plausible bug (vdpcp.mutants): for the reference, monkeypatches of vdpcp's own sharded path;
+A mutant is a plausible bug (vdpcp.tools.mutants): for the reference, monkeypatches of vdpcp's own sharded path;
 for any implementation (--impl), wrappers at the interface (features wrong on one rank, a rank's gradient
 dropped, a replicated loss, a rank's tower outside autograd), which show how much the matrix sees of YOUR
 code. Each is first run against its kill set (a few named cases, stopping at the first kill); one that
@@ -15,8 +15,17 @@ import io
 import time
 from pathlib import Path
 
-from vdpcp.cli import DTYPES, IMPL_HELP, TOWER_HELP, UsageError, add_budget_option, add_run_options, checked_impls, checked_tower
-from vdpcp.progress import add_maxfail_options
+from vdpcp.cli import (
+    DTYPES,
+    IMPL_HELP,
+    TOWER_HELP,
+    UsageError,
+    add_budget_option,
+    add_run_options,
+    checked_impls,
+    checked_tower,
+)
+from vdpcp.matrix.progress import add_maxfail_options
 
 
 def register(subparsers) -> None:
@@ -38,12 +47,12 @@ def register(subparsers) -> None:
 
 
 def main(args) -> int:
-    from vdpcp import progress, report, scenarios
     from vdpcp.harness.config import configure
-    from vdpcp.hunt import hunt
     from vdpcp.impls import BUILT_INS
-    from vdpcp.mutants import MUTANTS
-    from vdpcp.runner import preload_case_modules
+    from vdpcp.matrix import progress, report, scenarios
+    from vdpcp.matrix.runner import preload_case_modules
+    from vdpcp.tools.mutants import MUTANTS
+    from vdpcp.tools.mutants.hunt import hunt
 
     impl = checked_impls([args.impl])[0]
     applicable = [n for n, m in MUTANTS.items() if m.generic or impl == "reference"]
@@ -59,7 +68,7 @@ def main(args) -> int:
     # hunt runs the built-ins' matrix; another implementation's, its own.
     tower = checked_tower(args.tower, BUILT_INS if impl == "reference" else (impl,))
     matrix = scenarios.matrix(impls=BUILT_INS if impl == "reference" else (impl,), tower=tower)
-    kill_sets = {name: [c.with_(dtype=args.dtype) for c in _kill_set(MUTANTS[name].kills, matrix, impl, tower)]
+    kill_sets = {name: [c.with_(dtype=args.dtype) for c in kill_set(MUTANTS[name].kills, matrix, impl, tower)]
                  for name in names}
     matrix = [c.with_(dtype=args.dtype) for c in matrix]
     if args.backend is not None:
@@ -107,11 +116,11 @@ def main(args) -> int:
     return run.exit_code(not survived)
 
 
-def _kill_set(kills, matrix, impl: str, tower: str = "toy") -> list:
+def kill_set(kills, matrix, impl: str, tower: str = "toy") -> list:
     """The mutant's kill set in ``impl``'s matrix: the same rows (scenario, CP, layout, loss), count split; at another
-    tower size, the rows that play their parts there (vdpcp.scenarios.stand_in), those it has."""
-    from vdpcp.scenarios import matrix as full_matrix
-    from vdpcp.scenarios import stand_in
+    tower size, the rows that play their parts there (vdpcp.matrix.scenarios.stand_in), those it has."""
+    from vdpcp.matrix.scenarios import matrix as full_matrix
+    from vdpcp.matrix.scenarios import stand_in
 
     by_id = {case.id: case for case in matrix}
     kills = list(dict.fromkeys(stand_in(k, tower) for k in kills))

@@ -1,12 +1,12 @@
 """`vdpcp replay SPEC.json`: run one saved case sharded against unsharded, exactly, on any backend.
 
-A saved case (vdpcp.saved: what `vdpcp fuzz` writes) carries its CP size, implementation, split, dtype and
+A saved case (vdpcp.matrix.saved: what `vdpcp fuzz` writes) carries its CP size, implementation, split, dtype and
 flags, so it fails again with no flag retyped; a flag typed here overrides the file. A plain microbatch spec
 takes its CP size from --cp or the name's -cp<N> tag. Prints the plan (which rank encodes which images and
 placeholders), the verdict judged as `vdpcp check` judges it (a known upstream limit that fails the known way
 is an xfail with its reason; --no-known-limits sets the limit aside, so an upstream bug's reproduction fails
 until it is fixed), the failure signature against the saved one, and for an errored case the failing rank's
-traceback. The case is sized before anything is built (vdpcp.budget): one over --max-spec-bytes
+traceback. The case is sized before anything is built (vdpcp.matrix.budget): one over --max-spec-bytes
 is refused. Exit as `vdpcp check` does: 0 pass, replicated or xfail, 3 not-sharded, 4 unbalanced, 5 grad-written, 1 any other
 failure, 2 bad
 spec or options, including a spec over the limit, one the unsharded encoder rejects too (then sharding is not to
@@ -41,13 +41,13 @@ def add_case_arguments(parser) -> None:
     parser.add_argument("--dtype", choices=DTYPES, default=None, help="dtype of the case (default: float64)")
     parser.add_argument("--no-even-pad", dest="even_pad", action="store_const", const=False, default=None,
                         help="switch off even-grid padding: the pixel shuffle then rejects odd (placeholder) grids")
-    parser.add_argument("--mutant", default=None, metavar="NAME", help="apply a named mutant of the sharded path (see vdpcp.mutants)")
+    parser.add_argument("--mutant", default=None, metavar="NAME", help="apply a named mutant of the sharded path (see vdpcp.tools.mutants)")
     add_run_options(parser)
     add_budget_option(parser)
 
 
 def check_mutant(name: str | None) -> None:
-    from vdpcp.mutants import MUTANTS
+    from vdpcp.tools.mutants import MUTANTS
 
     if name is not None and name not in MUTANTS:
         raise UsageError(f"--mutant {name}: unknown mutant; expected one of {sorted(MUTANTS)}")
@@ -56,8 +56,8 @@ def check_mutant(name: str | None) -> None:
 def load_saved(path: Path, cp: int | None = None, **options):
     """(the Case a saved file describes, with typed options winning; the signature it was saved with).
     UsageError naming the file and field on a bad file, option or CP size, or a case over the spec limit."""
-    from vdpcp import budget, saved
-    from vdpcp.spec import SpecError
+    from vdpcp.feature.spec import SpecError
+    from vdpcp.matrix import budget, saved
 
     try:
         found = saved.load(path)
@@ -98,9 +98,9 @@ def plan_lines(case) -> list[str]:
     """Which rank encodes which media, frames and placeholders; what the gather drops."""
     from dataclasses import replace
 
+    from vdpcp.feature.plan import STRATEGIES
+    from vdpcp.feature.sharded import ownership, plan_for, row_runs
     from vdpcp.impls import resolve
-    from vdpcp.plan import STRATEGIES
-    from vdpcp.sharded import ownership, plan_for, row_runs
 
     spec, impl = case.spec, resolve(case.impl)
     if not case.config.shard_vision:
@@ -133,10 +133,10 @@ def plan_lines(case) -> list[str]:
 def report(judged, path: Path | None = None, saved_signature: str | None = None, known_limits: bool = True) -> str:
     """The whole replay: case, plan, verdict and signature, failures, and the failing rank's traceback; without
     ``known_limits``, the limit set aside, where the implementation declares one for the case."""
-    from vdpcp import budget
-    from vdpcp.expectations import known_limit
-    from vdpcp.fuzz import failing_rank, signature
-    from vdpcp.spec import summary
+    from vdpcp.feature.spec import summary
+    from vdpcp.matrix import budget
+    from vdpcp.matrix.expectations import known_limit
+    from vdpcp.tools.fuzz import failing_rank, signature
 
     result = judged.result
     case = result.case
@@ -165,7 +165,7 @@ def report(judged, path: Path | None = None, saved_signature: str | None = None,
 
 
 def main(args) -> int:
-    from vdpcp.runner import preload_case_modules, run_judged
+    from vdpcp.matrix.runner import preload_case_modules, run_judged
 
     case, saved_signature = load_saved(args.spec, args.cp, impl=args.impl, split=args.split, dtype=args.dtype,
                                        even_pad=args.even_pad, mutant=args.mutant,
@@ -186,7 +186,7 @@ def main(args) -> int:
 
 def _ownership_lines(spec, ownership, split: str) -> list[str]:
     """An implementation's own stated plan (an Ownership), rank by rank."""
-    from vdpcp.sharded import row_runs
+    from vdpcp.feature.sharded import row_runs
 
     if ownership is None:
         return [f"plan ({split}): not stated by the implementation; what each rank really encoded is in the verdict"]

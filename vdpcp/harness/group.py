@@ -5,7 +5,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from vdpcp.harness.protocol import GroupSpec
+from vdpcp.harness.messages import GroupSpec
 
 _current: GroupSpec | None = None
 

@@ -27,9 +27,9 @@ from pathlib import Path
 
 from vdpcp.harness import soundness
 from vdpcp.harness.errors import RankFailure
+from vdpcp.harness.messages import READY, SET_UP, SETTING_UP, GroupSpec, Task
 from vdpcp.harness.outcome import DIED, FAULTS, HUNG, OK, RAISED, Outcome
 from vdpcp.harness.process import UnsafeImport, WorkerProcess, Zygote, ZygoteGone, describe_exit
-from vdpcp.harness.protocol import READY, SET_UP, SETTING_UP, Case, GroupSpec
 
 STARTUP_TIMEOUT_S = 120.0  # the zygote's torch import; forking a worker takes milliseconds
 FAULT_GRACE_S = 3.0  # default: after one rank fails, the least time the others get to finish before their stacks are taken
@@ -188,7 +188,7 @@ class WorkerPool:
     def _run_on(self, workers: list[WorkerProcess], spec: GroupSpec, call: bytes, timeout: float, grace: float,
                 stacks: bool = True) -> list[Outcome]:
         for w in workers:
-            w.send(Case(w.rank, spec, call, list(sys.path), os.getcwd(), dict(os.environ)))
+            w.send(Task(w.rank, spec, call, list(sys.path), os.getcwd(), dict(os.environ)))
         return self._collect(workers, timeout, grace, stacks)
 
     def _unsound(self, workers: list[WorkerProcess], spec: GroupSpec) -> str | None:

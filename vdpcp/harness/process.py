@@ -13,8 +13,8 @@ from pathlib import Path
 
 import vdpcp
 from vdpcp.harness import config
+from vdpcp.harness.messages import READY, SET_UP, SETTING_UP, Task
 from vdpcp.harness.outcome import DIED, RAISED, Outcome
-from vdpcp.harness.protocol import READY, SET_UP, SETTING_UP, Case
 
 _PACKAGE_ROOT = str(Path(vdpcp.__file__).resolve().parents[1])
 # TORCHINDUCTOR_COMPILE_THREADS: torch 2.6's inductor, which megatron-core's parallel_state imports, warms a
@@ -188,7 +188,7 @@ class WorkerProcess:
     def waitables(self) -> tuple:
         return self.conn, self.pidfd
 
-    def send(self, case: Case) -> None:
+    def send(self, case: Task) -> None:
         try:
             self.conn.send_bytes(pickle.dumps(case))
         except OSError:

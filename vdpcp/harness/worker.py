@@ -1,4 +1,4 @@
-"""A warm rank worker, forked by the zygote: runs one Case at a time until it reads None or EOF.
+"""A warm rank worker, forked by the zygote: runs one Task (a case body for its rank) at a time until it reads None or EOF.
 
 Its output goes to a per-rank log file the caller reads; SIGUSR1 (and any fatal signal) writes every
 thread's Python stack to a per-rank stack file, which is how a hung or crashed rank's stack reaches the
@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 
 from vdpcp.harness import state
+from vdpcp.harness.messages import READY, SET_UP, SETTING_UP, Task
 from vdpcp.harness.outcome import capture, pickled
-from vdpcp.harness.protocol import READY, SET_UP, SETTING_UP, Case
 
 PR_SET_NAME, PR_SET_PDEATHSIG = 15, 1
 # gloo connects a group's peers at its first collective instead of all of them when the group is made (torch's
@@ -58,7 +58,7 @@ def serve(fd: int, rank: int, log_path: str, stack_path: str, zygote_pid: int, w
         conn.send_bytes(run(case))
 
 
-def run(case: Case) -> bytes:
+def run(case: Task) -> bytes:
     """Run one case on this rank; the pickled Outcome."""
     adopt_caller(case)
     outcome = capture(case.rank, lambda: call(case))
@@ -67,7 +67,7 @@ def run(case: Case) -> bytes:
     return pickled(outcome)
 
 
-def call(case: Case):
+def call(case: Task):
     import torch.distributed as dist
 
     from vdpcp.harness import group, turns
@@ -100,7 +100,7 @@ def setting_up():
         _conn.send_bytes(SET_UP)
 
 
-def adopt_caller(case: Case) -> None:
+def adopt_caller(case: Task) -> None:
     """Import, resolve paths and read the environment as the caller does now, as torchrun ranks would."""
     if sys.path != case.sys_path:
         sys.path[:] = case.sys_path

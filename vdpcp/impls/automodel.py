@@ -39,6 +39,8 @@ import functools
 import torch
 import torch.distributed as dist
 
+from vdpcp.contract.protocol import MAIN_OUTPUT, Balance, Implementation, KnownLimit, MediaAxes, check_group
+from vdpcp.feature.spec import MicrobatchSpec
 from vdpcp.impls.qwen2_5_vl import (
     CHANNELS,
     MERGE,
@@ -50,8 +52,6 @@ from vdpcp.impls.qwen2_5_vl import (
     qwen2_5_vl,
     seed_of,
 )
-from vdpcp.protocol import MAIN_OUTPUT, Balance, Implementation, KnownLimit, MediaAxes, check_group
-from vdpcp.spec import MicrobatchSpec
 
 MODELING = "transformers.models.qwen3_vl.modeling_qwen3_vl"
 SHARDING = "nemo_automodel.components.distributed.cp_vision_frame_shard"
@@ -147,7 +147,7 @@ class Automodel(Implementation):
         return param_count(Qwen3VLVisionModel, tower_config(case.spec.patch_dim, case.tower))
 
     def patch_bytes(self, case) -> int:
-        """One arm's bytes per patch (vdpcp.budget): the input transform's copies (Qwen2.5-VL's, about 12 elements
+        """One arm's bytes per patch (vdpcp.matrix.budget): the input transform's copies (Qwen2.5-VL's, about 12 elements
         per pixel value), and per block about 13 x hidden + 2 x intermediate elements kept for backward (norms,
         qkv, rotated q and k in float32, attention, projection, the MLP's two activations)."""
         itemsize = {"float64": 8, "float32": 4, "bfloat16": 2}[case.dtype]

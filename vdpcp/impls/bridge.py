@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import torch
 
+from vdpcp.contract.protocol import Implementation
 from vdpcp.impls.mcore import MCore, mcore_context_parallel_group
-from vdpcp.protocol import Implementation
 
 PRELOAD = MCore.preload  # Bridge's split and gather are MCore's: the same modules
 

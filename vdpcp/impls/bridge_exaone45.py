@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from vdpcp.contract.protocol import Implementation, MediaAxes, Ownership, check_group
 from vdpcp.impls import bridge_release
 from vdpcp.impls.bridge_qwen3_vl import (
     IMAGE,
@@ -54,7 +55,6 @@ from vdpcp.impls.qwen2_5_vl import (
     qwen2_5_vl,
     seed_of,
 )
-from vdpcp.protocol import Implementation, MediaAxes, Ownership, check_group
 
 EXAONE45 = "megatron.bridge.models.exaone.exaone45.modelling_exaone45"
 MODEL, UTILS = f"{EXAONE45}.model", f"{EXAONE45}.utils"

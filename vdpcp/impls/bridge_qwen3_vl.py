@@ -24,7 +24,7 @@ Which parts of the model are vdpcp's, and why:
 - its ``language_model`` is a probe (``LanguageProbe``): its ``embedding`` gives the text stream (zeros), and
   its forward receives what Bridge hands its language model (this rank's zigzag shard of the merged embeddings,
   and this rank's DeepStack rows with their positions), gathers them back over the CP group with vdpcp's own
-  autograd gather (vdpcp.comm: its backward sums the gradient over the ranks, as the language model's loss on
+  autograd gather (vdpcp.feature.comm: its backward sums the gradient over the ranks, as the language model's loss on
   each rank reads its own shard) and un-zigzags them: the vision rows in global order are the outputs
   (``features``, ``deepstack0``...). Its gather is the observation, never Bridge's.
 
@@ -59,11 +59,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from vdpcp import comm
+from vdpcp.contract.protocol import MAIN_OUTPUT, Implementation, MediaAxes, Ownership, check_group
+from vdpcp.feature import comm
+from vdpcp.feature.layout import zigzag_positions
 from vdpcp.impls import automodel, bridge_release
 from vdpcp.impls.qwen2_5_vl import MERGE, TEMPORAL_PATCH, TowerInputs, built, media_items, qwen2_5_vl, seed_of
-from vdpcp.layout import zigzag_positions
-from vdpcp.protocol import MAIN_OUTPUT, Implementation, MediaAxes, Ownership, check_group
 
 MODEL, UTILS = bridge_release.QWEN3_VL_MODULES
 # The token ids of the probe's vocabulary (Bridge's config takes any ids).

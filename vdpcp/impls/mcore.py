@@ -7,7 +7,7 @@ sets parallel_state up for the group's size (tensor and pipeline parallel 1; dat
 the world) and raises the documented mismatch error when the group handed in is not MCore's CP group.
 
 Its gather's backward is torch.distributed.nn's all_to_all, whose gloo fallback fails on uneven token counts and
-on any CP group but the first: on gloo the oracle runs it with vdpcp.gloo_collectives's all_to_all instead (torch's
+on any CP group but the first: on gloo the oracle runs it with vdpcp.oracle.observe.gloo_collectives's all_to_all instead (torch's
 name swapped for the case; MCore's own code and attributes untouched), so every gradient case runs on gloo too.
 """
 
@@ -18,9 +18,7 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from vdpcp.model import REAL_PATCH
-from vdpcp.plan import mcore_gives_up
-from vdpcp.protocol import (
+from vdpcp.contract.protocol import (
     GROUP_MISMATCH_TEXT,
     GroupMismatchError,
     Implementation,
@@ -28,7 +26,9 @@ from vdpcp.protocol import (
     MediaAxes,
     check_group,
 )
-from vdpcp.sharded import encode_unsharded, ownership, plan_for
+from vdpcp.feature.model import REAL_PATCH
+from vdpcp.feature.plan import mcore_gives_up
+from vdpcp.feature.sharded import encode_unsharded, ownership, plan_for
 
 MCORE_EMPTY_MICROBATCH = KnownLimit(
     "mcore-empty-microbatch",
@@ -39,7 +39,7 @@ MCORE_EMPTY_MICROBATCH = KnownLimit(
 MCORE_TUBELET_GIVE_UP = KnownLimit(
     "mcore-tubelet-give-up",
     "MCore 0.19.2's tubelet-aware split still leaves a rank empty after its re-plans and then cuts, drops or "
-    "misplaces real frames (see vdpcp.plan.mcore_gives_up)",
+    "misplaces real frames (see vdpcp.feature.plan.mcore_gives_up)",
     "",  # any failure: outputs of the wrong shape, or a rank that raised
 )
 

@@ -33,12 +33,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vdpcp.contract.protocol import KnownLimit, MediaAxes, MismatchError
+from vdpcp.feature.model import seeded
+from vdpcp.feature.plan import mcore_gives_up
+from vdpcp.feature.sharded import ownership, plan_for
 from vdpcp.impls.bridge import PRELOAD, BridgeEncoder
 from vdpcp.impls.mcore import MCORE_TUBELET_GIVE_UP
-from vdpcp.model import seeded
-from vdpcp.plan import mcore_gives_up
-from vdpcp.protocol import KnownLimit, MediaAxes, MismatchError
-from vdpcp.sharded import ownership, plan_for
 
 TEMPORAL_PATCH = 2  # Omni's RADIO encodes video frames in tubelets of 2
 MERGE = 2  # the pixel shuffle folds 2x2 patches into one token
@@ -282,7 +282,7 @@ def video_remnants(spec, cp: int) -> list[tuple[int, int]]:
 
 
 def _count(cp: int):
-    from vdpcp.protocol import VisionDPConfig
+    from vdpcp.contract.protocol import VisionDPConfig
 
     return VisionDPConfig(context_parallel_size=cp, strategy="count")
 
@@ -319,7 +319,7 @@ class NemotronOmni(BridgeEncoder):
         spec = omni_spec(case.spec)
         if mcore_gives_up(spec.media_frames, case.cp, TEMPORAL_PATCH):
             return MCORE_TUBELET_GIVE_UP
-        # MCore's gather backward runs on gloo too (vdpcp.gloo_collectives): the remnant is the one limit left.
+        # MCore's gather backward runs on gloo too (vdpcp.oracle.observe.gloo_collectives): the remnant is the one limit left.
         return VIDEO_REMNANT if video_remnants(case.spec, case.cp) else None
 
     def param_count(self, case) -> int:

@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from vdpcp import sketch
-from vdpcp.protocol import Implementation, KnownLimit, MediaAxes, Ownership, check_group
+from vdpcp.contract.protocol import Implementation, KnownLimit, MediaAxes, Ownership, check_group
+from vdpcp.oracle.compare import sketch
 
 MODELING = "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl"
 CHANNELS = 3
@@ -57,7 +57,7 @@ FLOAT32_INSIDE = KnownLimit(
     "vision rotary embedding rotates q and k in float32), so with sharding off every CP rank's own backward "
     "rounds to float32 before the parameter gradients are summed over ranks, off the one unsharded backward "
     "by 2.6e-7 to 5.7e-7 (float64's atol is 1e-7). The oracle takes that one backward of the summed loss where "
-    "the tower's gradients are too large to sum over ranks (over vdpcp.sketch.WIDTH parameters); a smaller "
+    "the tower's gradients are too large to sum over ranks (over vdpcp.oracle.compare.sketch.WIDTH parameters); a smaller "
     "tower's reference is the ranks' own backwards summed, as the ranks' own are. Sharded, the gather sums the "
     "gradient before the tower, and the cases pass",
     "param grads (summed over ranks)",
@@ -162,8 +162,8 @@ def tower_config(patch_dim: int, size: str = "toy"):
 
 def built(cls, config, seed: int, dtype, device, toy: bool = True):
     """A transformers model from ``config`` with weights drawn from ``seed`` (the same on every rank), at ``dtype`` on
-    ``device``: the toy size on the CPU generator, a real size on the device it runs on (vdpcp.model.seeded)."""
-    from vdpcp.model import seeded
+    ``device``: the toy size on the CPU generator, a real size on the device it runs on (vdpcp.feature.model.seeded)."""
+    from vdpcp.feature.model import seeded
 
     with seeded(seed, None if toy else device):
         # SDPA runs float64 through in float64 (eager's softmax rounds to float32) and bfloat16 on CPU.
@@ -303,7 +303,7 @@ class Qwen25VL(Implementation):
         return Ownership(tuple(owner), tuple(tokens), tuple(int(start == stop) for start, stop in shards))
 
     def patch_bytes(self, case) -> int:
-        """One arm's bytes per patch (vdpcp.budget): each patch enters the tower twice over in time, and inputs()'s
+        """One arm's bytes per patch (vdpcp.matrix.budget): each patch enters the tower twice over in time, and inputs()'s
         cat, pad and permute copy it again, with their gradients (about 12 elements per pixel value); each block
         keeps about 13 x hidden + 4 x intermediate elements a patch for its backward (norms, qkv, q and k rotated in
         float32, attention, projection, the gated MLP). Toy size, measured (float64, the slope of one arm's peak

@@ -1,19 +1,19 @@
-"""vdpcp's reference implementation (vdpcp.sharded) as an Implementation: count, balanced and packed splits."""
+"""vdpcp's reference implementation (vdpcp.feature.sharded) as an Implementation: count, balanced and packed splits."""
 
 from __future__ import annotations
 
-from vdpcp import sharded
-from vdpcp.model import REAL_PATCH
-from vdpcp.plan import STRATEGIES
-from vdpcp.protocol import Balance, Implementation, MediaAxes, Ownership
+from vdpcp.contract.protocol import Balance, Implementation, MediaAxes, Ownership
+from vdpcp.feature import sharded
+from vdpcp.feature.model import REAL_PATCH
+from vdpcp.feature.plan import STRATEGIES
 
 
 class Reference(Implementation):
     name = "reference"
     splits = STRATEGIES
-    pixel_grads = True  # its shards are views of the pixels (vdpcp.sharded): gradients reach every real patch
-    loader_pixels = "host"  # each rank moves its own shard of a loader's host pixels to its device (vdpcp.sharded)
-    tensor_parallel = (2,)  # TP sizes of its tower (vdpcp.tensor_parallel): the matrix runs CP x TP layouts
+    pixel_grads = True  # its shards are views of the pixels (vdpcp.feature.sharded): gradients reach every real patch
+    loader_pixels = "host"  # each rank moves its own shard of a loader's host pixels to its device (vdpcp.feature.sharded)
+    tensor_parallel = (2,)  # TP sizes of its tower (vdpcp.feature.tensor_parallel): the matrix runs CP x TP layouts
 
     towers = {"toy": MediaAxes(), "real": MediaAxes(patch_dim=REAL_PATCH)}
 
@@ -24,7 +24,7 @@ class Reference(Implementation):
             return reference
         import copy
 
-        from vdpcp import layout, tensor_parallel
+        from vdpcp.feature import layout, tensor_parallel
 
         model = copy.deepcopy(reference)
         return tensor_parallel.parallelize(model, layout.groups(layout.Layout(case.cp, case.dp, case.tp)).tp)

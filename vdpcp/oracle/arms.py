@@ -10,20 +10,31 @@ from dataclasses import replace
 
 import torch
 
-from vdpcp import budget, comm, gloo_collectives, load_balance, loss, model_cache, precision, reads, regrouped, rounding, traffic
-from vdpcp.case import Case, RankResult
+from vdpcp.contract.protocol import outputs_of
+from vdpcp.feature import comm, loss
+from vdpcp.feature.pixels import fresh, moves_pixels
+from vdpcp.feature.tensor_parallel import held_part
 from vdpcp.harness.turns import turn
 from vdpcp.harness.worker import setting_up
-from vdpcp.oracle import handed
-from vdpcp.oracle.execution import Execution, _check_layers_ran, _check_param_grads_exist, ran_by_rank, required_layers
-from vdpcp.oracle.failures import _fail, _fail_into, _label
-from vdpcp.oracle.gradients import _carried, _check_input_grads, _check_param_grads, _check_rank_alone, _check_text, _pixel_extra
-from vdpcp.oracle.split import _contradicts, _describe, _judge_distribution, _read_table
-from vdpcp.oracle.telemetry import Clock, Memory
-from vdpcp.oracle.unsharded import DTYPES, Unsharded, _sum_shared, _unsharded, held_config, pixel_grads, replica_spec
-from vdpcp.pixels import fresh, moves_pixels
-from vdpcp.protocol import outputs_of
-from vdpcp.tensor_parallel import held_part
+from vdpcp.matrix import budget
+from vdpcp.matrix.case import Case, RankResult
+from vdpcp.oracle import model_cache
+from vdpcp.oracle.compare import precision, regrouped, rounding
+from vdpcp.oracle.compare.gradients import (
+    carried,
+    check_input_grads,
+    check_param_grads,
+    check_rank_alone,
+    check_text,
+    pixel_extra,
+)
+from vdpcp.oracle.failures import fail, fail_into, label
+from vdpcp.oracle.observe import declared_balance as load_balance
+from vdpcp.oracle.observe import gloo_collectives, handed, reads, traffic
+from vdpcp.oracle.observe.execution import Execution, check_layers_ran, check_param_grads_exist, ran_by_rank, required_layers
+from vdpcp.oracle.observe.split import contradicts, describe, judge_distribution, read_table
+from vdpcp.oracle.observe.telemetry import Clock, Memory
+from vdpcp.oracle.unsharded import DTYPES, Unsharded, held_config, pixel_grads, replica_spec, run_unsharded, sum_shared
 
 # Ranks sharing a GPU take turns for the unsharded arm when the case's concurrent estimate is over this share of it.
 TURNS_ABOVE = 0.8
@@ -41,11 +52,11 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
     try:
         with regrouped.deterministic(device, result, model):
             with _turns(ctx, case, result):
-                unsharded = _unsharded(impl, case, model, replica_spec(case, groups.dp_rank), result, groups.cp_rank,
+                unsharded = run_unsharded(impl, case, model, replica_spec(case, groups.dp_rank), result, groups.cp_rank,
                                        device, clock, group=groups.cp)
                 if result.turns:  # the next rank's turn needs what this one's cached; else it fits beside it
                     _give_back(ctx)
-            _sum_shared(unsharded)  # out of the turn: a collective, and a peer may be waiting for its own turn
+            sum_shared(unsharded)  # out of the turn: a collective, and a peer may be waiting for its own turn
             memory.phase("unsharded peak")
             if unsharded is not None:
                 with gloo_collectives.on_gloo(groups.cp) as swap:  # uneven collectives on gloo, as on NCCL
@@ -91,11 +102,11 @@ def _turns(ctx, case: Case, result: RankResult):
 def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups, clock, swap=None) -> None:
     """The sharded arm on the same weights, and every check against the unsharded one."""
     dtype, config, cp_rank = DTYPES[case.dtype], held_config(impl, case), groups.cp_rank
-    device = ref.batch.device  # the tower's: the pixels may be on the host (vdpcp.pixels)
+    device = ref.batch.device  # the tower's: the pixels may be on the host (vdpcp.feature.pixels)
     subject = impl.subject_model(model, case, dtype, device)
     pixels = pixel_grads(impl)
     batch = replace(ref.batch, patches=fresh(ref.batch.patches, pixels))
-    prompt = ref.loss.prompt()  # before the encode, as a VLM embeds its tokens first (vdpcp.loss: why it matters)
+    prompt = ref.loss.prompt()  # before the encode, as a VLM embeds its tokens first (vdpcp.feature.loss: why it matters)
     copies = traffic.Copies(batch.patches, device) if moves_pixels(impl, case.pixels) else nullcontext()
     with Execution(subject, ref.index) as ran, comm.Collectives(groups.cp, _own(swap)) as issued, reads.coded(batch) as coded, \
             copies:
@@ -108,24 +119,24 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
 
     # What really ran, on every rank: the rows whose patches reached each rank's tower, with or without a graph (a
     # collective, so every rank takes it and decides alike).
-    read = _read_table(batch.spec, ran, case.cp, cp_rank, groups.cp, device)
+    read = read_table(batch.spec, ran, case.cp, cp_rank, groups.cp, device)
     result.read = [row for row in range(read.shape[1]) if read[cp_rank, row]]
     replicated_run = case.cp > 1 and bool(read.all()) and read.shape[1] > 0
     if isinstance(copies, traffic.Copies):
         result.host_copies = copies.bytes
         _in_host_memory(result, out, copies)
         if ref.sharded and not replicated_run and ref.host_copies is not None:  # encoded whole on purpose: moved whole
-            _fail_into(result.not_sharded, traffic.judge(copies.bytes, ref.host_copies, result.read, batch.spec,
+            fail_into(result.not_sharded, traffic.judge(copies.bytes, ref.host_copies, result.read, batch.spec,
                                                          result.rank, case.cp))
     plan = ref.plan
     if case.cp > 1 and cp_rank == 0:  # said once: every rank sees the same table
-        _judge_distribution(result, read, plan, ref.sharded, replicated_run)
+        judge_distribution(result, read, plan, ref.sharded, replicated_run)
         if ref.sharded and not replicated_run:  # held to the partition the implementation says it balances
-            _fail_into(result.unbalanced, load_balance.judge(read.tolist(), batch.spec, impl.balance(case)))
+            fail_into(result.unbalanced, load_balance.judge(read.tolist(), batch.spec, impl.balance(case)))
     rank_alone = ref.own_grads is not None
-    if plan is not None and _contradicts(read, plan):
+    if plan is not None and contradicts(read, plan):
         plan, rank_alone = None, False  # the plan is not what ran: its per-rank checks would blame gradients
-    _describe(result, batch.spec, plan, cp_rank)
+    describe(result, batch.spec, plan, cp_rank)
     owned = config.shard_vision and not replicated_run  # the same on every rank: read is every rank's table
     may_skip = getattr(impl, "empty_rank_may_skip", False) and not result.read  # a rank with no real rows
     # What ran is known from the forward alone, so outputs-only cases are held to it too. Where the unsharded encode
@@ -134,16 +145,16 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
     if owned and (ref.ran or any(ref.graph.values())):  # the same on every rank: the exchange is a collective
         required = required_layers(ref.ran, ran_by_rank(ran, read, cp_rank, groups.cp), read, cp_rank)
         if not may_skip:
-            _check_layers_ran(result, required, ran, plan)
+            check_layers_ran(result, required, ran, plan)
 
     if list(out) != list(ref.out):
         result.failures.append(f"outputs: the sharded encode returned {list(out)}, the unsharded {list(ref.out)}")
         return
     _as_unsharded(result, out, ref.out)
     for name, expected in ref.out.items():
-        label = _label("outputs", name, ref.out)
-        _fail(result, precision.compare_rows(label, out[name], expected, ref.rounding.outputs.get(name), "token")
-              if precision.low(dtype) else precision.compare(label, out[name], expected))
+        what = label("outputs", name, ref.out)
+        fail(result, precision.compare_rows(what, out[name], expected, ref.rounding.outputs.get(name), "token")
+              if precision.low(dtype) else precision.compare(what, out[name], expected))
         result.out_err = max(result.out_err, precision.max_abs(out[name], expected))
     if any(out[n].shape != ref.out[n].shape for n in ref.out) or not ref.gradients:
         if not ref.gradients and ref.sharded and not replicated_run:  # shapes that differ stop every rank alike
@@ -167,27 +178,27 @@ def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups
         texts = prompt.grads()
         wrote = handed.in_tables(written, ref.loss)  # what the write added to the text stream's gradient, if it read it
         streams = list(texts.values()) + list(wrote.values())
-        extra = (_pixel_extra(batch, ref.batch, case.cp, cp_rank, owned) if pixels else []) + streams
+        extra = (pixel_extra(batch, ref.batch, case.cp, cp_rank, owned) if pixels else []) + streams
         shares_sketch = ref.rounding.own_share_sketch(case.tp, device) if shares is not None else None
-        summed = _check_param_grads(result, subject, held, groups.cp, extra, dtype, ref.rounding.params, shares,
+        summed = check_param_grads(result, subject, held, groups.cp, extra, dtype, ref.rounding.params, shares,
                                     shares_sketch)
         summed, summed_texts, summed_wrote = (summed[: len(summed) - len(streams)],
                                               summed[len(summed) - len(streams) : len(summed) - len(wrote)],
                                               summed[len(summed) - len(wrote):])
-        _check_text(result, texts, ref.loss.table_grads(cp_rank), ref.loss.tokens, "this rank alone", wrote)
-        _check_text(result, dict(zip(texts, summed_texts)), ref.text_grads, ref.loss.tokens, "summed over ranks",
+        check_text(result, texts, ref.loss.table_grads(cp_rank), ref.loss.tokens, "this rank alone", wrote)
+        check_text(result, dict(zip(texts, summed_texts)), ref.text_grads, ref.loss.tokens, "summed over ranks",
                     dict(zip(texts, summed_wrote)))
-        pixels = pixels and _carried(result, summed[0])  # the same on every rank: the flags were summed over them
+        pixels = pixels and carried(result, summed[0])  # the same on every rank: the flags were summed over them
         if pixels:
-            _check_input_grads(result, batch, ref, plan, read, summed[1:], owned)
+            check_input_grads(result, batch, ref, plan, read, summed[1:], owned)
         else:
             result.input_grad_err = math.nan  # not compared: RankResult.input_grads says why
             result.input_grads = result.input_grads or "pixels are data (the implementation declares no pixel_grads)"
         if owned and not may_skip and required is not None:
-            _check_param_grads_exist(result, ref.given, subject, required, ran.names)
+            check_param_grads_exist(result, ref.given, subject, required, ran.names)
         if rank_alone and replicated_run == (not ref.sharded):
             own = shares or _held(ref.own_grads, subject, groups.tp_rank, case.tp)
-            _check_rank_alone(result, subject, own, dtype, ref.rounding.own_params)
+            check_rank_alone(result, subject, own, dtype, ref.rounding.own_params)
     clock.lap("gradients")
     if owned:
         regrouped.hold(result, impl, subject, batch, out, ref.weights, plan, read, groups.cp, grads=True, pixels=pixels)
@@ -208,17 +219,17 @@ def _as_unsharded(result: RankResult, out: dict[str, torch.Tensor], expected: di
     for name, want in expected.items():
         got = out[name]
         if (got.dtype, got.device) != (want.dtype, want.device):
-            result.failures.append(f"{_label('outputs', name, expected)}: {got.dtype} on {got.device}, where the "
+            result.failures.append(f"{label('outputs', name, expected)}: {got.dtype} on {got.device}, where the "
                                    f"unsharded encode's are {want.dtype} on {want.device}")
             out[name] = got.to(device=want.device, dtype=want.dtype)
 
 
 def _in_host_memory(result: RankResult, out: dict[str, torch.Tensor], copies: traffic.Copies) -> None:
-    """On the stand-in (no accelerator: vdpcp.traffic), outputs made in host memory, as a placeholder built on the
+    """On the stand-in (no accelerator: vdpcp.oracle.observe.traffic), outputs made in host memory, as a placeholder built on the
     pixels' device is; on a GPU the device check (_as_unsharded) says it."""
     for name, t in out.items():
         if copies.stand_in and copies.hosts(t):
-            result.failures.append(f"{_label('outputs', name, out)}: made in host memory from the host pixels, not on "
+            result.failures.append(f"{label('outputs', name, out)}: made in host memory from the host pixels, not on "
                                    f"the tower's device (the stand-in's host: no accelerator here)")
 
 

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from vdpcp.case import RankResult
+from vdpcp.matrix.case import RankResult
 
 
-def _fail(result: RankResult, why: str | None) -> None:
-    _fail_into(result.failures, why)
+def fail(result: RankResult, why: str | None) -> None:
+    fail_into(result.failures, why)
 
 
-def _fail_into(lines: list[str], why: str | None) -> None:
+def fail_into(lines: list[str], why: str | None) -> None:
     if why:
         lines.append(why)
 
 
-def _label(what: str, name: str, outputs: dict) -> str:
+def label(what: str, name: str, outputs: dict) -> str:
     return what if len(outputs) == 1 else f"{what} {name!r}"

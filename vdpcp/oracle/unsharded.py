@@ -8,13 +8,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from vdpcp import comm, loss, precision, reads, regrouped, rounding, sketch, traffic
-from vdpcp.case import Case, RankResult
-from vdpcp.grads import grad_or_zeros, or_zeros
-from vdpcp.oracle.execution import Execution
-from vdpcp.oracle.weights import _deal, _own_weight, own_media
-from vdpcp.pixels import handed, loader_pixels, moves_pixels
-from vdpcp.protocol import OutputsError, outputs_of
+from vdpcp.contract.protocol import OutputsError, outputs_of
+from vdpcp.feature import comm, loss
+from vdpcp.feature.grads import grad_or_zeros, or_zeros
+from vdpcp.feature.pixels import handed, loader_pixels, moves_pixels
+from vdpcp.matrix.case import Case, RankResult
+from vdpcp.oracle.compare import precision, regrouped, rounding, sketch
+from vdpcp.oracle.compare.weights import dealt_ownership, own_media, owned_weight
+from vdpcp.oracle.observe import reads, traffic
+from vdpcp.oracle.observe.execution import Execution
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 DP_SEED_STRIDE = 7919  # DP replica d encodes the case's microbatch drawn with seed + d * this
@@ -28,7 +30,7 @@ class Unsharded:
     out: dict[str, torch.Tensor]  # detached
     # the parameter gradients under the summed loss, set aside from the model; None where they are the sum of the CP
     # ranks' own shares (``summed_over``) until _sum_split sums them, and after it where they are too large to send:
-    # the summed check then sums sketches of the shares (vdpcp.sketch)
+    # the summed check then sums sketches of the shares (vdpcp.oracle.compare.sketch)
     grads: list[torch.Tensor | None] | None
     own_grads: list[torch.Tensor] | None  # this rank's own share (None: no plan to say which rows are its own)
     ran: set[str]  # layers that ran
@@ -43,10 +45,10 @@ class Unsharded:
     text_grads: dict[str, torch.Tensor] | None  # the prompt tables' gradients under the summed loss
     given: list[bool] | None = None  # which parameters the summed loss gives a gradient
     summed_over: object = None  # the CP group whose ranks' own shares sum to the summed loss's gradients (_sum_split)
-    host_copies: int | None = None  # bytes of host pixels its encode copied to the device (vdpcp.traffic)
+    host_copies: int | None = None  # bytes of host pixels its encode copied to the device (vdpcp.oracle.observe.traffic)
 
 
-def _sum_shared(unsharded: Unsharded | None) -> None:
+def sum_shared(unsharded: Unsharded | None) -> None:
     """What the unsharded arm left in parts summed over the CP group: the summed loss's gradients where each rank
     took the backward of its own share alone (_sum_split), and a shared exact run's parts into the Rounding every
     rank reads (rounding.Shared). Collectives: the oracle takes them outside any turn."""
@@ -60,9 +62,9 @@ def _sum_shared(unsharded: Unsharded | None) -> None:
 
 
 def _sum_split(unsharded: Unsharded) -> None:
-    """The summed loss's gradients from the CP ranks' own shares (_splits): every row has one owner, so the shares
+    """The summed loss's gradients from the CP ranks' own shares (splits): every row has one owner, so the shares
     add up to the summed loss, and its gradients are their sum. Summed here: which parameters any share gives a
-    gradient, the pixels' gradient, and, where sending them costs less than sketching (vdpcp.sketch.pays), the
+    gradient, the pixels' gradient, and, where sending them costs less than sketching (vdpcp.oracle.compare.sketch.pays), the
     parameter gradients; a larger tower's summed check sums sketches of the shares instead (oracle.gradients)."""
     own, patches = unsharded.own_grads, unsharded.batch.patches
     device = own[0].device if own else patches.device
@@ -90,7 +92,7 @@ def held_config(impl, case: Case):
     return config
 
 
-def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, device, clock,
+def run_unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, device, clock,
                group=None) -> Unsharded | None:
     """The unsharded arm, forward and backward, then its gradients set aside and its rounding measured.
 
@@ -98,7 +100,7 @@ def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, 
     is unsharded_error, not a sharding failure. It finishes, backward too, before the sharded run: collectives
     inside a model (a tensor-parallel tower) then never interleave with the sharded run's. ``group``: the CP group
     its rounding measurement may be shared out over (rounding.Share; None: this rank measures it whole); then its
-    ``rounding`` is this rank's part, which _sum_shared sums."""
+    ``rounding`` is this rank's part, which sum_shared sums."""
     batch = handed(spec, case.pixels, DTYPES[case.dtype], device, host=loader_pixels(impl) == "host")
     batch.patches.requires_grad_(pixel_grads(impl))
     refused, index = None, reads.Index()
@@ -112,7 +114,7 @@ def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, 
             refused = err
     if refused is not None:
         if regrouped.lacking(model, refused, result):  # an op with no deterministic kernel: again, allowed
-            return _unsharded(impl, case, model, spec, result, cp_rank, device, clock, group)
+            return run_unsharded(impl, case, model, spec, result, cp_rank, device, clock, group)
         result.unsharded_error = f"{type(refused).__name__}: {refused}"
         return None
     try:
@@ -124,7 +126,7 @@ def _unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, 
             raise
         for p in model.parameters():
             p.grad = None
-        return _unsharded(impl, case, model, spec, result, cp_rank, device, clock, group)
+        return run_unsharded(impl, case, model, spec, result, cp_rank, device, clock, group)
 
 
 def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: int, device, clock, batch, out,
@@ -146,11 +148,11 @@ def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: 
     own_weights, own_grads, text_grads, summed_over = None, None, None, None
     kinds = own_media(plan, spec, cp_rank)  # the exact run's chunks kept to one owner
     if gradients:
-        own_weights = {name: _own_weight(plan, sharded, w, cp_rank, device) for name, w in weights.items()}
-        if _splits(case, own_weights, sharded, kinds, model, group):
+        own_weights = {name: owned_weight(plan, sharded, w, cp_rank, device) for name, w in weights.items()}
+        if splits(case, own_weights, sharded, kinds, model, group):
             summed_over = group  # one backward, of this rank's own share: the summed loss's gradients are the shares' sum
             loss.features_loss(out, own_weights).backward()
-            text_grads = case_loss.table_grads()  # the prompt's gradient is the loss weights (vdpcp.loss)
+            text_grads = case_loss.table_grads()  # the prompt's gradient is the loss weights (vdpcp.feature.loss)
         else:
             if all(w is not None for w in own_weights.values()):
                 own_grads = _param_grads(model, loss.features_loss(out, own_weights))
@@ -170,10 +172,10 @@ def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: 
         with regrouped.relaxed():
             share = _share(plan, kinds, gradients, own_grads, group, cp_rank)
             split = own_weights if own_grads is not None else None
-            deal = _deal(impl, spec, out, group) if share is None and plan is None and sharded and group else None
+            deal = dealt_ownership(impl, spec, out, group) if share is None and plan is None and sharded and group else None
             if deal is not None:  # no plan: vdpcp's own deal of whole media items, for the exact run alone
                 kinds, share = own_media(deal, spec, cp_rank), rounding.Share(group, cp_rank, deal)
-                split = {name: _own_weight(deal, True, w, cp_rank, device) for name, w in weights.items()}
+                split = {name: owned_weight(deal, True, w, cp_rank, device) for name, w in weights.items()}
             measured = rounding.measure(impl, model, batch, out, grads, own_grads, summed, split, gradients,
                                         kinds=kinds, share=share)
         clock.lap("exact")
@@ -181,7 +183,7 @@ def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: 
                      plan, weights, sharded, measured, graph, gradients, case_loss, text_grads, given, summed_over)
 
 
-def _splits(case: Case, own_weights: dict, sharded: bool, kinds, model, group) -> bool:
+def splits(case: Case, own_weights: dict, sharded: bool, kinds, model, group) -> bool:
     """Whether each CP rank takes the unsharded arm's backward of its own share alone, and the summed loss's
     gradients are the shares' sum over the CP group (_sum_split): one whole-microbatch backward a rank, not two (the
     rank-alone expectation's, then the summed loss's). Where every rank has an own share (a plan, or no sharding)
