@@ -6,13 +6,9 @@
 - This checkout's code in every process the tests start (the rank zygote, CLI subprocesses, torchrun): the root
   first on PYTHONPATH, so vdpcp and the tests' own ``tests.*:object`` implementations import from here whatever
   the current folder is (``./run`` sets it already; tox or a bare venv may not).
-- Work stealing for ``pytest -n``: xdist's default ``load`` deals tests out in turn, so both workers of this
-  2-core machine ran the matrix (sorted by world size) at CP 8 together, 16 ranks on 2 cores; work stealing gives
-  each worker a contiguous half (the matrix on one, the harness and third-party towers on the other) and
-  rebalances only at the end. The matrix alone: 108 s and 196 CPU-s on two workers against 123 s and 165 CPU-s
-  on one, so running its CP 8 cases side by side costs CPU. Whole suite on a fresh clone, two runs each: 284 and
-  291 s with ``load``, 259 and 291 s with work stealing, within this machine's run-to-run spread. ``--dist``
-  other than load is left as asked.
+- Work stealing for ``pytest -n``: xdist's default ``load`` deals tests out in turn, so every worker would run the
+  matrix's CP 8 cases at once, more ranks than cores; work stealing gives each worker a contiguous half and
+  rebalances only at the end. ``--dist`` other than load is left as asked.
 - vdpcp's pytest plugin exactly once: the pytest11 entry point registers it where vdpcp is installed; a checkout
   that never was (PYTHONPATH only) or ``PYTEST_DISABLE_PLUGIN_AUTOLOAD`` gets it registered here, never twice
   (registering it again under another name is the error pytest raised when this file listed it in

@@ -19,9 +19,8 @@ from vdpcp.impls import BUILT_INS
 from vdpcp.matrix import budget
 from vdpcp.matrix.runner import preload_case_modules
 
-# The suite's own rank bodies live in test modules, which import pytest: a worker forked fresh (after a fault that
-# left its pool unsound) imported it with its first such body, 0.3 s of CPU each time; in a py-spy profile of the
-# whole suite that import was 4.4% of the rank workers' samples.
+# The suite's own rank bodies live in test modules, which import pytest: preloaded, a worker forked fresh after a
+# fault does not import it again with its first such body.
 SUITE_PRELOAD = ("pytest",)
 
 
@@ -57,8 +56,7 @@ def on_the_cpu(monkeypatch):
     a GPU runner may set VDPCP_DEVICE=cuda job-wide (the README does for the real-size step), and a test that asserts
     a CPU fact (the "ran on" column, figures not measured off a GPU, the CPU's limits) must choose the CPU itself.
     The rank workers read the caller's environment at every case, so they see it too. The backend too: on a machine
-    with GPUs ``auto`` picks NCCL for a case that fits them (measured on the H200: the CPU's refusals of huge specs
-    then did not happen, the case being sized for the GPU)."""
+    with GPUs ``auto`` picks NCCL for a case that fits them, and sizes it for the GPU."""
     monkeypatch.delenv("VDPCP_DEVICE", raising=False)
     monkeypatch.setenv("VDPCP_BACKEND", "gloo")
 
@@ -74,8 +72,8 @@ def _plugin_autoloads() -> bool:
 @pytest.fixture
 def pytester(pytester, monkeypatch):
     """pytest's pytester, whose sessions load vdpcp's plugin also where vdpcp runs from a checkout, not installed (a
-    GPU runner's ``PYTHONPATH=$PWD python3 -m pytest -p vdpcp.pytest_plugin``: measured on the H200, every inner
-    session then refused ``--replay`` as an unknown option). PYTEST_PLUGINS is what pytest reads for that; the
+    GPU runner's ``PYTHONPATH=$PWD python3 -m pytest -p vdpcp.pytest_plugin``, where an inner session would refuse
+    ``--replay`` as an unknown option). PYTEST_PLUGINS is what pytest reads for that; the
     monkeypatch takes it back after the test."""
     if not _plugin_autoloads():
         monkeypatch.setenv("PYTEST_PLUGINS", "vdpcp.pytest_plugin")

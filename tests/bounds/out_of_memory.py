@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 from vdpcp.impls.reference import Reference
 
-# What torch's CPU allocator, the C++ runtime, Python and CUDA say (the first two measured here, 2026-12-01).
+# What torch's CPU allocator, the C++ runtime, Python and CUDA say.
 CPU_ALLOCATOR = ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 103079215104 bytes. "
                  "Error code 12 (Cannot allocate memory)")
 

@@ -51,8 +51,7 @@ def raise_after(ctx, seconds):
 
 
 def test_a_peer_behind_the_failed_rank_gets_as_long_as_that_rank_had_run():
-    # Rank 1 is 0.3 s behind rank 0, which failed after 0.6 s: beyond the 0.1 s grace, within the time rank 0 had run
-    # (on the H200 at -n 16, two ranks still building their model 3 s after their peers raised were read as hung).
+    # Rank 1 runs past the grace after rank 0 fails, but within the time rank 0 had run: a slow peer, not a hung one.
     with pytest.raises(RankFailure) as failure:
         run_ranks(raise_after, 2, (0.6, 0.9), timeout=GENEROUS_TIMEOUT, fault_grace=0.1)
     assert "rank 1 raised ValueError: rank 1: the documented error" in str(failure.value), failure.value.failures
@@ -78,8 +77,7 @@ def raise_after_set_up(ctx, set_up, then):
 
 
 def test_a_peer_still_setting_up_when_its_peer_raised_is_behind_not_hung():
-    # On the H200 at -n 16: the two ranks with their model cached raised at once, the two building theirs (their CUDA
-    # context on a loaded machine) were still at it 3 s later, longer than the raised ranks had run.
+    # A rank still building its model when its peers raise is behind them, not hung, however long the build takes.
     with pytest.raises(RankFailure) as failure:
         run_ranks(raise_after_set_up, 2, 1.5, 0.0, timeout=GENEROUS_TIMEOUT, fault_grace=0.1)
     assert "rank 1 raised ValueError: rank 1: the documented error" in str(failure.value), failure.value.failures

@@ -183,8 +183,7 @@ def has_module(ctx, name):
 
 
 def test_preloaded_modules_are_in_every_rank_before_the_case_imports_them():
-    """Both arms on fresh pools: warm workers keep what earlier cases imported (on the H200 some case of the suite
-    had imported this module in the session's workers)."""
+    """Both arms on fresh pools: warm workers keep what earlier cases imported, which would hide a missing preload."""
     rarely_imported = "xml.dom.minidom"
     call = pickle.dumps((has_module, (rarely_imported,), {}))
     found = {}
@@ -201,8 +200,7 @@ def test_preloaded_modules_are_in_every_rank_before_the_case_imports_them():
 def test_a_caller_gone_with_a_reply_unread_or_unsent_still_has_its_folder_removed(tmp_path, gone):
     """A caller that dies with a zygote message unread in its socket makes the zygote's next read fail with
     ECONNRESET, not end-of-file (Linux, connection-oriented Unix sockets), and one gone before the zygote's next
-    message makes that send fail (EPIPE); the zygote must still remove the pool's folder. On the H200 (suite at -n 16)
-    sigkill_from_thread left the folder whole, zygote.log and all."""
+    message makes that send fail (EPIPE); the zygote must still remove the pool's folder."""
     directory = tmp_path / "vdpcp-pool-test"
     directory.mkdir()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -168,8 +168,8 @@ def connect_the_libraries_groups(ctx):
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts native threads in /proc (Linux)")
 def test_released_groups_and_their_gloo_threads_are_freed_by_the_release_not_by_a_later_garbage_collection():
-    # A release that left a reference cycle to the groups it found kept their gloo threads until the collector's
-    # next pass, mid-way through the next case: 0.2-0.35 s of thread joins there, on every rank, per MCore case.
+    # A release that left a reference cycle to its groups kept their gloo threads until the collector's next pass,
+    # whose thread joins then land mid-way through the next case on every rank.
     # Only gloo's threads are counted: others (torch's intra-op pool, a watchdog) may come and go on their own.
     for before, during, after in run_ranks(threads_around_release, 2):
         assert len(gloo_threads(during)) > len(gloo_threads(before)), during

@@ -120,7 +120,7 @@ def raise_with_a_send_unreceived(ctx):
 
 def raise_after_mismatched_async_ops(ctx):
     # As many ops on every rank, so the counts agree, but not the same op: they never complete, and destroying
-    # the group waits for them (measured: the next case's group rebuild hung there).
+    # the group waits for them, so the next case's group rebuild would hang.
     if ctx.rank == 0:
         dist.all_gather([torch.zeros(1) for _ in range(ctx.world_size)], torch.ones(1), group=ctx.group, async_op=True)
     else:
