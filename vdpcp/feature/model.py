@@ -147,9 +147,8 @@ class VisionModel(nn.Module):
 @contextmanager
 def seeded(seed: int, device=None):
     """Tensors made in the block are drawn from ``seed`` on ``device`` (default the CPU), the same on every rank, and
-    the generator is left as it was. On the CPU its generator only: torch.manual_seed would also reseed every GPU's
-    (0.2 ms a call, capturing a stack for each device it queues a lazy seed for). On a GPU that GPU's, so a real-size
-    tower is drawn where it runs (seconds of a single-threaded CPU per build otherwise)."""
+    the generator is left as it was. On the CPU its generator only, as torch.manual_seed would also queue a lazy
+    seed for every GPU; on a GPU that GPU's, so a real-size tower is drawn where it runs, not on one CPU thread."""
     device = torch.device(device or "cpu")
     cuda = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda), torch.device(device):

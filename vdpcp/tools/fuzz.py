@@ -33,10 +33,10 @@ from vdpcp.matrix.saved import name_with_cp
 
 DEFAULT_BUDGET = 100  # microbatches drawn before giving up (shrinking runs come on top)
 # Most failures are one rank raising while the others wait in the gather: the raising rank's error is the
-# signature, so the others get half a second, not the harness's 3 s, before the search moves on.
+# signature, so the others get a short grace, not the harness's default, before the search moves on.
 FAULT_GRACE_S = 0.5
 TUBELET_SIZES = (1, 2, 4)
-MAX_GRID = 8  # patches per side: small enough for ~0.1 s a case, big enough for mixed sizes
+MAX_GRID = 8  # patches per side: small enough for a fast case, big enough for mixed sizes
 MAX_SEED = 2**16 - 1
 
 
