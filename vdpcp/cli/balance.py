@@ -31,7 +31,7 @@ def run(args) -> int:
 
     specs = _specs(args)
     cps = args.cp or [2, 4, 8]
-    alpha = balance.DEFAULT_ALPHA if args.alpha is None else args.alpha
+    alpha = balance.REAL_TOWER_ALPHA if args.alpha is None else args.alpha
     print(f"{len(specs)} microbatch(es): {_describe(specs)}; alpha = {alpha}\n")
     if len(specs) == 1:
         balances = [b for cp in cps for b in balance.compare(specs[0], cp, alpha)]

@@ -116,8 +116,8 @@ if TYPE_CHECKING:
 
 GROUP_MISMATCH_TEXT = "vision_dp_over_cp does not match its process group"
 MAIN_OUTPUT = "features"
-# The reference's attention cost p*(p+alpha) needs alpha in tokens; about 3x the tower's hidden size.
-DEFAULT_ALPHA = 96
+# The attention cost p*(p+alpha) needs alpha in tokens: about 3x the hidden size of the toy tower the configs default to.
+TOY_TOWER_ALPHA = 96
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ class VisionDPConfig:
     vision_dp_over_cp: bool = True  # on by default, as shipped; self-disables at CP=1
     strategy: str = "count"
     cost: str = "patches"
-    alpha: int = DEFAULT_ALPHA
+    alpha: int = TOY_TOWER_ALPHA
 
     @property
     def shard_vision(self) -> bool:
@@ -237,7 +237,7 @@ class Balance:
 
     cost: str | Callable[[int, int], int] = "patches"
     contiguous: bool = True
-    alpha: int = DEFAULT_ALPHA
+    alpha: int = TOY_TOWER_ALPHA
     frames_per_unit: int | None = None
 
     def unit_cost(self, grid: tuple[int, int]) -> int:
