@@ -20,9 +20,10 @@ On the CPU every rank of a case is on this machine: they must fit its memory lim
 (``flops``: 6 x parameters x patches per arm) its compute limit, so a real-size tower is refused here up front,
 not left to run for an hour. On a GPU the busiest GPU must hold its ranks.
 
-One arm's cost per patch is the implementation's ``patch_bytes(case)`` where it declares one (vdpcp.contract.protocol),
-else this module's estimate for vdpcp's toy tower (``toy_arm_bytes``), measured against the real peak; its
-parameters its ``param_count(case)``, else the toy tower's.
+Every figure of the implementation's own is read through its ``sizing`` (vdpcp.contract.sizing): one arm's cost per
+patch is its ``sizing.patch_bytes(case)`` where it declares one, else this module's estimate for vdpcp's toy tower
+(``toy_arm_bytes``), measured against the real peak; its parameters and full-attention layers its
+``sizing.param_count(case)`` and ``sizing.full_attention(case)``, else the toy tower's where it builds that one.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import os
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from vdpcp.contract.protocol import builds_toy_tower, toy_tower
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 ENV = "VDPCP_MAX_SPEC_BYTES"
@@ -210,12 +213,12 @@ SCORES_KEPT = 1.0
 
 def need(case, patch_bytes: int | None = None, device: str = "cpu") -> Need:
     """What ``case`` will need on ``device`` ("cpu" or "cuda"). ``patch_bytes``: one arm's bytes per patch, as an
-    implementation declares it (default: its ``patch_bytes(case)``, else the toy tower's estimate)."""
+    implementation declares it (default: its ``sizing.patch_bytes(case)``, else the toy tower's estimate)."""
     spec, d = case.spec, DTYPE_BYTES[case.dtype]
     units = _units(spec)
     patches = sum(spec.row_patches)
     params = _params(case)
-    attention = _declared(case, "full_attention")
+    attention = _full_attention(case)
 
     def arm(shard, dtype: str = case.dtype) -> int:
         per_patch = patch_bytes if patch_bytes is not None else declared_patch_bytes(case.with_(dtype=dtype))
@@ -343,22 +346,36 @@ def _gpu_text(found: Need, held: int) -> str:
 
 
 def declared_patch_bytes(case) -> int | None:
-    """The implementation's own bytes per patch for one arm (``patch_bytes(case)``), or None."""
-    value = _declared(case, "patch_bytes")
+    """The implementation's own bytes per patch for one arm (``sizing.patch_bytes(case)``), or None."""
+    impl = _implementation(case)
+    value = impl.sizing.patch_bytes(case) if impl is not None else None
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
         raise BudgetError(f"{case.impl}: patch_bytes(case) is {value!r}; expected a positive int (bytes per patch)")
     return value
 
 
-def _declared(case, part: str):
+def _implementation(case):
+    """The case's implementation, or None where its target does not resolve: it is then sized as the toy tower, and
+    the ranks report the bad target as they always have."""
     from vdpcp.impls import ImplError, resolve
 
     try:
-        impl = resolve(case.impl)
+        return resolve(case.impl)
     except ImplError:
-        return None  # sized as the toy tower; the ranks then report the bad target as they always have
-    declared = getattr(impl, part, None)
-    return declared(case) if callable(declared) else declared
+        return None
+
+
+def _full_attention(case) -> tuple[int, int] | None:
+    """(layers that attend over a whole image, their heads): as the implementation's sizing declares them, the toy
+    tower's where it builds that one, else unknown (None)."""
+    impl = _implementation(case)
+    if impl is None:
+        return None
+    declared = impl.sizing.full_attention(case)
+    if declared is not None or not builds_toy_tower(impl):
+        return declared
+    tower = toy_tower(case)
+    return tower.layers, tower.heads
 
 
 def toy_arm_bytes(case, units, device: str = "cpu") -> int:
@@ -401,19 +418,13 @@ def _lm_hidden(case) -> int:
 
 
 def _params(case) -> int:
-    """The tower's parameters: as the implementation declares them (``param_count``), vdpcp's toy tower's where it
-    builds that one, else unknown (0)."""
-    declared = _declared(case, "param_count")
+    """The tower's parameters: as the implementation's sizing declares them (``sizing.param_count``), vdpcp's toy
+    tower's where it builds that one, else unknown (0)."""
+    impl = _implementation(case)
+    declared = impl.sizing.param_count(case) if impl is not None else None
     if declared is not None:
         return int(declared)
-    from vdpcp.contract.protocol import builds_toy_tower
-    from vdpcp.impls import ImplError, resolve
-
-    try:
-        toy = builds_toy_tower(resolve(case.impl))
-    except ImplError:
-        toy = True
-    return toy_params(case) if toy else 0
+    return toy_params(case) if impl is None or builds_toy_tower(impl) else 0
 
 
 def gpu_count() -> int:
