@@ -17,10 +17,8 @@ import textwrap
 from vdpcp.cli.exit_codes import Exit, epilog
 from vdpcp.usage import UsageError, number  # a leaf the reports import too; the subcommands import them from here
 
-# Choices the subcommands share, kept literal so `vdpcp --help` need not import torch; tests/unit/test_cli.py
-# holds them equal to vdpcp.matrix.case.DTYPES / LOSSES and vdpcp.feature.plan.STRATEGIES. Implementations and their
-# partitions are not a fixed choice: --impl takes a registered name or module:object (vdpcp.impls.resolve
-# checks it), --split any partition an implementation names (checked_splits).
+# Choices the subcommands share, literal so that `vdpcp --help` imports no torch (tests/unit/test_cli.py holds them
+# to the code's). Implementations and their partitions are no fixed choice: checked_impls and checked_splits check them.
 SPLITS = ("count", "balanced", "packed")  # the reference's
 DTYPES = ("float64", "float32", "bfloat16")
 LOSSES = ("rank", "zigzag")

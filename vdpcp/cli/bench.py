@@ -4,7 +4,7 @@ import importlib
 
 from vdpcp.cli.exit_codes import epilog
 
-# target name -> module defining add_arguments(parser) and run(args) -> exit code (see vdpcp/bench)
+# target name -> module defining add_arguments(parser) and run(args) -> exit code (vdpcp.tools.bench)
 TARGETS = {
     "faults": "vdpcp.tools.bench.faults",
     "harness": "vdpcp.tools.bench.harness",

@@ -86,7 +86,7 @@ def select(args) -> tuple[list, list]:
             for path in args.spec:
                 rows = scenarios.spec_scenarios(path, cps)
                 for row, cp, impl in ((r, cp, i) for r in rows for cp in r.cps for i in filters["impls"]):
-                    # before the matrix plans every split (packing 100,000 images alone takes minutes)
+                    # before the matrix plans every split, which for a huge spec is slow in itself
                     budget.check(Case(row.spec, cp, impl, dtype=args.dtype, tower=args.tower),
                                  path if path.is_file() else f"{path} ({row.spec.name})",
                                  budget.device_for(args.backend, cp))

@@ -18,8 +18,8 @@ class Exit(IntEnum):
     NOT_SHARDED = 3
     UNBALANCED = 4
     GRAD_WRITTEN = 5
-    INTERRUPTED = 130  # the shell's code for a death by SIGINT: 128 + 2
-    TERMINATED = 143  # 128 + SIGTERM's 15
+    INTERRUPTED = 130  # 128 + the signal, as a shell reports a death by SIGINT
+    TERMINATED = 143  # and by SIGTERM
 
 
 @dataclass(frozen=True)

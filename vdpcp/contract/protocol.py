@@ -117,7 +117,7 @@ if TYPE_CHECKING:
 
 GROUP_MISMATCH_TEXT = "vision_dp_over_cp does not match its process group"
 MAIN_OUTPUT = "features"
-# The attention cost p*(p+alpha) needs alpha in tokens: about 3x the hidden size of the toy tower the configs default to.
+# alpha of the attention cost p*(p+alpha), in tokens: three times the hidden size of the toy tower the configs default to.
 TOY_TOWER_ALPHA = 96
 
 
@@ -277,7 +277,7 @@ class Implementation:
     def build_model(self, case, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
         from vdpcp.feature.model import VisionModel
 
-        # A real-size tower is drawn on the device it runs on; the toy one on the CPU (its weights as they always were).
+        # A real-size tower is drawn on the device it runs on; the toy one on the CPU, so its weights are alike everywhere.
         return VisionModel(toy_tower(case), device if case.tower != "toy" else None).to(device=device, dtype=dtype)
 
     def model_key(self, case):

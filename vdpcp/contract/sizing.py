@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import warnings
 
-# The hooks an implementation once defined on itself; ``Sizing`` holds them now.
+# Sizing hooks an implementation may still define on itself, read with a DeprecationWarning for one release.
 SIZING_HOOKS = ("patch_bytes", "param_count", "full_attention")
 
 

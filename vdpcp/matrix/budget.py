@@ -40,12 +40,11 @@ from vdpcp.contract.protocol import builds_toy_tower, toy_tower
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 ENV = "VDPCP_MAX_SPEC_BYTES"
 FLAG = "--max-spec-bytes"
-# A third of a 2-core, 24 GB CI runner shared with other jobs: far above the suite's largest case, and low enough
-# to refuse a microbatch such a machine cannot hold, or a size typo, in one line before it runs.
+# Far above the suite's largest case, yet low enough to refuse a size typo, or a microbatch a shared CI runner
+# cannot hold, in one line before it runs.
 DEFAULT_LIMIT = 8 * GiB
-# A real-size tower's case on this machine's 2 cores: a ViT-L-sized tower on one 448 px image at CP 2 is about 12
-# TFLOP (forward and backward of both arms and the exact run, every rank), some minutes; the toy towers' largest
-# case (Automodel's 8k-patch threshold microbatch) is about 0.1. A case over this is refused on the CPU, not run.
+# Far above the toy towers' largest case, and below the matrix's real-size ones: a case over it is refused on the
+# CPU, where it would take too long, not run.
 DEFAULT_FLOPS = 2e12
 FLOPS_ENV, FLOPS_FLAG = "VDPCP_MAX_CASE_TFLOP", "--max-case-tflop"
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2}
@@ -53,14 +52,8 @@ CHANNELS = 3
 # A microbatch's packed patches are held three times over in an arm: the patches, their gradient, and that
 # gradient assembled from each image's piece in backward.
 INPUT_COPIES = 3
-# The toy tower's activations kept for backward, in elements: per patch and layer (layer norms, qkv, the
-# attention's q, k, v and output, its projection, two residuals, the MLP's 4h in and out: about 20 h), per
-# patch after the blocks (final norm, even padding, pixel shuffle, the projector's norm: 8 h), per output token
-# in the projector (6 lm_hidden). Below float32 they are counted as float32 (CPU kernels compute bf16 in float32),
-# and every patch costs 1 KiB whatever the dtype (autograd's and the allocator's bookkeeping: float32 measured
-# 8.2 KB a patch, not half of float64's 12.6). Measured (tiny tower, one arm, the slope of peak RSS, P=4 between
-# 16k and 64k or 256k patches): 12.6 KB a patch in float64, 8.2 KB in float32; at P=16 (1.6k to 6.4k patches)
-# 29.0 KB in float64. This estimate says 15.0, 8.0 and 32.3 KB.
+# The toy tower's activations kept for backward, in hidden-size elements per patch and layer, per patch after the
+# blocks, and in lm_hidden elements per output token; PATCH_OVERHEAD is autograd's and the allocator's bookkeeping.
 PER_LAYER, AFTER_BLOCKS, PER_TOKEN = 20, 8, 6
 PATCH_OVERHEAD = 1024
 
@@ -203,11 +196,8 @@ class Need:
 
 EXACT = {"bfloat16": "float32", "float32": "float64"}  # vdpcp.oracle.compare.precision's exact run, by the case's dtype
 EXACT_CHUNK = 4096  # patches of whole media items per call of the exact run (vdpcp.oracle.compare.rounding.measure)
-# How many copies of the tower's gradients a rank holds: the unsharded arm's, set aside, and the sharded arm's; its
-# own share of the unsharded ones too where it has one (a stated plan, or sharding off: its own loss's), and the
-# exact run the same over its own copy of the model.
-# float64 attention takes the math kernel on CUDA (no fused one takes float64): it keeps about this many n x n
-# score tensors a head and layer for backward, as measured on a real-size tower.
+# float64 attention takes CUDA's math kernel, no fused one taking float64: it keeps about this many n x n score
+# tensors a head and layer for backward.
 SCORES_KEPT = 1.0
 
 
