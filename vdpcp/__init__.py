@@ -25,6 +25,7 @@ _PUBLIC = {
     **dict.fromkeys(("Implementation", "VisionDPConfig", "KnownLimit", "Ownership", "MediaAxes", "Balance",
                      "MismatchError", "GroupMismatchError", "check_group", "CHECK_GROUP_ERROR", "GROUP_MISMATCH_TEXT",
                      "MAIN_OUTPUT", "outputs_of"), "vdpcp.contract.protocol"),
+    "Sizing": "vdpcp.contract.sizing",
     **dict.fromkeys(("ImplError", "resolve", "available", "unavailable"), "vdpcp.impls.registry"),
     "BridgeEncoder": "vdpcp.impls.bridge",
     "BridgeQwen3VL": "vdpcp.impls.bridge_qwen3_vl",

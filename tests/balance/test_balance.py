@@ -11,7 +11,7 @@ from vdpcp.feature.plan import COSTS
 from vdpcp.feature.spec import MicrobatchSpec
 
 SEEDS = range(100)
-ALPHA = balance.DEFAULT_ALPHA
+ALPHA = balance.REAL_TOWER_ALPHA
 
 
 def spec_of(*grids, patch_dim=16):

@@ -6,6 +6,8 @@ import json
 import pytest
 import torch
 
+from vdpcp.contract.protocol import Implementation
+from vdpcp.contract.sizing import Sizing
 from vdpcp.feature import spec as specs
 from vdpcp.feature.spec import MicrobatchSpec, SpecError, SpecTooLarge
 from vdpcp.impls import resolve
@@ -117,18 +119,23 @@ def test_a_tubelet_is_one_unit_of_the_encoder():
     assert video.patches == stills.patches and video.unsharded < stills.unsharded
 
 
+class PerPatch(Sizing):
+    def __init__(self, value):
+        self.value = value
+
+    def patch_bytes(self, case):
+        return self.value
+
+
 class DeclaresItsCost:
     name = "declares"
 
     def __init__(self, value):
-        self.value = value
+        self.sizing = PerPatch(value)
 
     def encode(self, model, batch): ...
 
     def encode_sharded(self, model, batch, config, group): ...
-
-    def patch_bytes(self, case):
-        return self.value
 
 
 declares_1k = DeclaresItsCost(1024)
@@ -140,6 +147,98 @@ def test_an_implementations_declared_cost_per_patch_replaces_the_toy_estimate():
     assert budget.need(case).unsharded == 64 * 1024
     with pytest.raises(budget.BudgetError, match=r"declares_nonsense: patch_bytes\(case\) is -3; expected a positive int"):
         budget.need(case.with_(impl="tests.bounds.test_budget:declares_nonsense"))
+
+
+class OwnTowerSizing(Sizing):
+    def patch_bytes(self, case):
+        return 2048
+
+    def param_count(self, case):
+        return 10**6
+
+    def full_attention(self, case):
+        return 3, 5
+
+
+class OwnTower(Implementation):
+    """A subclass with a tower of its own (so no toy figure applies), sized through its declared Sizing."""
+
+    name = "own-tower"
+    sizing = OwnTowerSizing()
+
+    def build_model(self, case, dtype, device): ...
+
+
+class OldHooks(Implementation):
+    """The spelling before ``sizing``: the hooks on the implementation itself."""
+
+    name = "old-hooks"
+
+    def build_model(self, case, dtype, device): ...
+
+    def patch_bytes(self, case):
+        return 2048
+
+    def param_count(self, case):
+        return 10**6
+
+    def full_attention(self, case):
+        return 3, 5
+
+
+class OldHooksDuck:
+    """A duck-typed implementation with the old hooks, wrapped by resolve()."""
+
+    name = "old-hooks-duck"
+
+    def encode(self, model, batch): ...
+
+    def encode_sharded(self, model, batch, config, group): ...
+
+    def build_model(self, case, dtype, device): ...
+
+    def patch_bytes(self, case):
+        return 2048
+
+    def param_count(self, case):
+        return 10**6
+
+    def full_attention(self, case):
+        return 3, 5
+
+
+own_tower, old_hooks, old_hooks_duck = OwnTower(), OldHooks(), OldHooksDuck()
+
+
+def _figures(target: str) -> tuple:
+    case = Case(spec([[16, 16]] * 4), 2, impl=f"tests.bounds.test_budget:{target}", dtype="float64")
+    return budget.need(case), budget.need(case, device="cuda"), budget.declared_patch_bytes(case)
+
+
+def test_a_declared_sizing_gives_every_figure_and_the_toy_tower_none():
+    need, on_gpu, per_patch = _figures("own_tower")
+    assert per_patch == 2048 and need.unsharded == 64 * 2048
+    assert need.flops == 6.0 * 10**6 * 64 * 2 * 2  # both arms (float64 has no exact run) on each of 2 ranks
+    assert on_gpu.unsharded == 64 * 2048 + 3 * 5 * 4 * 16**2 * 8  # the n x n scores of its 3 x 5 full-attention heads
+
+
+@pytest.mark.parametrize("target", ["old_hooks", "old_hooks_duck"])
+def test_hooks_on_the_implementation_itself_still_size_it_with_one_deprecation_warning(target, recwarn):
+    want = _figures("own_tower")
+    assert _figures(target) == want
+    assert _figures(target) == want  # sized again: no second warning
+    said = [str(w.message) for w in recwarn if issubclass(w.category, DeprecationWarning) and "Sizing" in str(w.message)]
+    name = resolve(f"tests.bounds.test_budget:{target}").name
+    assert said == [f"implementation {name!r} defines patch_bytes(case), param_count(case), full_attention(case) on "
+                    f"itself; declare them on a vdpcp.Sizing subclass instead (sizing = MySizing()): the hooks on the "
+                    f"implementation go in the next release"]
+
+
+def test_the_default_sizing_is_vdpcps_own_figures():
+    case = Case(spec([[16, 16]] * 4), 2)
+    assert type(resolve("reference").sizing) is Sizing
+    assert (resolve("reference").sizing.patch_bytes(case), resolve("reference").sizing.param_count(case)) == (None, None)
+    assert budget.need(case).flops == 6.0 * budget.toy_params(case) * 64 * 2 * 2
 
 
 def test_the_qwen_adapter_declares_its_own_cost():

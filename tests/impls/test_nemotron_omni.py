@@ -146,7 +146,7 @@ def test_an_empty_microbatch_is_not_encoded_and_has_no_vision_features():
 
 def test_its_parameter_count_is_the_built_towers():
     spec = _mixed()
-    assert nemotron_omni.param_count(Case(spec, 1, "nemotron-omni")) == sum(p.numel() for p in _build(spec).parameters())
+    assert nemotron_omni.sizing.param_count(Case(spec, 1, "nemotron-omni")) == sum(p.numel() for p in _build(spec).parameters())
 
 
 # --- the odd-frame video remnant ---------------------------------------------------------------------------------

@@ -15,6 +15,13 @@ def test_every_public_name_is_its_modules_own(name):
     assert getattr(vdpcp, name) is getattr(module, name)
 
 
+def test_sizing_is_at_the_front_door_and_every_implementations_default():
+    from vdpcp.contract import sizing
+
+    assert "Sizing" in vdpcp.__all__ and vdpcp.Sizing is sizing.Sizing
+    assert type(vdpcp.Implementation().sizing) is vdpcp.Sizing
+
+
 def test_an_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="has no attribute 'encode'"):
         vdpcp.encode  # noqa: B018

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vdpcp.feature.plan import DEFAULT_ALPHA, PlanError, make_plan, mcore_gives_up
+from vdpcp.feature.plan import TOY_TOWER_ALPHA, PlanError, make_plan, mcore_gives_up
 
 P = 4
 SEARCH = settings(derandomize=True, database=None, max_examples=300, deadline=None)
@@ -167,7 +167,7 @@ def units_in(plan, shard):
 
 
 def unit_cost(tokens, cost):
-    return tokens if cost == "patches" else tokens * (tokens + DEFAULT_ALPHA)
+    return tokens if cost == "patches" else tokens * (tokens + TOY_TOWER_ALPHA)
 
 
 def brute_force_bottleneck(costs, cp):

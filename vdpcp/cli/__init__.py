@@ -1,10 +1,8 @@
 """`vdpcp` command line: one module per subcommand in this package, found at start-up.
 
 Each subcommand module defines ``register(subparsers)``, which adds its parser and sets ``func``
-(a callable taking the parsed args and returning the exit code). Exit codes: 0 every case passed,
-1 a case failed (or the fuzzer found a failure, or --maxfail stopped the run), 2 bad input; check and replay also
-3 (not sharded), 4 (unbalanced) and 5 (a backward wrote into its incoming gradient), as docs/verdicts.md's table
-ranks them; 143 (130) stopped by SIGTERM (Ctrl-C) after the cases it finished (vdpcp.matrix.progress).
+(a callable taking the parsed args and returning the exit code). The exit codes, and what each means to each
+subcommand, are one table: vdpcp.cli.exit_codes (docs/cli.md).
 """
 
 import argparse
@@ -12,23 +10,52 @@ import contextlib
 import importlib
 import os
 import pkgutil
+import re
 import sys
+import textwrap
 
+from vdpcp.cli.exit_codes import Exit, epilog
 from vdpcp.usage import UsageError, number  # a leaf the reports import too; the subcommands import them from here
 
-# Choices the subcommands share, kept literal so `vdpcp --help` need not import torch; tests/unit/test_cli.py
-# holds them equal to vdpcp.matrix.case.DTYPES / LOSSES and vdpcp.feature.plan.STRATEGIES. Implementations and their
-# partitions are not a fixed choice: --impl takes a registered name or module:object (vdpcp.impls.resolve
-# checks it), --split any partition an implementation names (checked_splits).
+# Choices the subcommands share, literal so that `vdpcp --help` imports no torch (tests/unit/test_cli.py holds them
+# to the code's). Implementations and their partitions are no fixed choice: checked_impls and checked_splits check them.
 SPLITS = ("count", "balanced", "packed")  # the reference's
 DTYPES = ("float64", "float32", "bfloat16")
 LOSSES = ("rank", "zigzag")
 BACKENDS = ("auto", "nccl", "gloo")
 
 
+class Formatter(argparse.HelpFormatter):
+    """argparse's help, a paragraph at a time: a table (a heading, then indented entries, as the exit codes are) keeps
+    its entries, each wrapped under its own text; any other paragraph is wrapped to the terminal, as argparse does."""
+
+    def _fill_text(self, text, width, indent):
+        fill = super()._fill_text
+        return "\n\n".join(self._table(paragraph, width) if self._is_table(paragraph) else fill(paragraph, width, indent)
+                             for paragraph in text.strip("\n").split("\n\n"))
+
+    @staticmethod
+    def _is_table(paragraph: str) -> bool:
+        heading, *entries = paragraph.splitlines()
+        return heading.endswith(":") and bool(entries) and all(line.startswith("  ") for line in entries)
+
+    @staticmethod
+    def _table(paragraph: str, width: int) -> str:
+        heading, *entries = paragraph.splitlines()
+        lines = [heading]
+        for entry in entries:
+            hang = " " * len(re.match(r"\s*\S+\s*", entry).group())
+            lines += textwrap.wrap(entry, max(width, len(hang) + 20), subsequent_indent=hang)
+        return "\n".join(lines)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse's parser, whose every complaint (an option out of its range, an unknown choice, a missing
     argument) is one UsageError line naming the option: exit 2, as any other bad input."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         raise UsageError(f"{self.prog}: {message}")
@@ -128,11 +155,15 @@ def checked_splits(splits, impls) -> tuple[str, ...] | None:
     return tuple(splits)
 
 
+HELPERS = ("exit_codes",)  # modules of this package that are no subcommand
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="vdpcp", description=__doc__.splitlines()[0])
+    parser = Parser(prog="vdpcp", description=__doc__.splitlines()[0], epilog=epilog())
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        importlib.import_module(f"{__name__}.{module.name}").register(subparsers)
+        if module.name not in HELPERS:
+            importlib.import_module(f"{__name__}.{module.name}").register(subparsers)
     return parser
 
 
@@ -143,17 +174,17 @@ def main(argv=None) -> int:
         args = build_parser().parse_args(argv)
     except UsageError as err:  # the parser's own message names the subcommand
         print(err, file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     path = list(sys.path)
     try:
         # --impl module:object names a module of the project it is run from, as `python -m` would find it
         sys.path.insert(0, os.getcwd())
         # whatever a subcommand configures (backend, preload, the spec limit) ends with it
         with configured(), spec_limit(getattr(args, "max_spec_bytes", None), getattr(args, "max_case_tflop", None)):
-            return int(args.func(args) or 0)
+            return int(args.func(args) or Exit.PASSED)
     except UsageError as err:
         print(f"vdpcp {args.command}: {err}", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     finally:
         sys.path[:] = path
 

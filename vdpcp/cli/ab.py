@@ -5,8 +5,7 @@ loss on its zigzag shard, gradients summed over CP, AdamW; only the flag differs
 sharded encode; off: every rank encodes every image). The arms are mathematically equal, so their losses and
 grad norms must agree per step, and their final parameters, within the dtype's rounding (vdpcp.tools.ab.judge says
 how far). On a GPU it also reports the busiest rank's peak memory and the step time of each arm. --mutant
-applies a named mutant to the sharded arm only. Exit 0 when the arms agree, 1 when they do not (or a rank
-failed), 2 on bad input.
+applies a named mutant to the sharded arm only.
 """
 
 from __future__ import annotations
@@ -14,13 +13,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from vdpcp.cli import DTYPES, IMPL_HELP, POSITIVE, SEED, UsageError, add_run_options, checked_impls, number
+from vdpcp.cli.exit_codes import Exit, epilog
 
 AB_RANKS = number(int, 2, note="vision_dp_over_cp is a no-op at CP=1, so both arms would be one run")
 TOWERS = ("toy", "real")  # vdpcp.feature.model.TOWERS, literal so that `vdpcp --help` imports no torch
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("ab", help=__doc__.splitlines()[0].split(": ", 1)[1], description=__doc__)
+    parser = subparsers.add_parser("ab", help=__doc__.splitlines()[0].split(": ", 1)[1], description=__doc__,
+                                   epilog=epilog("ab"))
     parser.add_argument("--cp", type=AB_RANKS, default=2, metavar="N", help="CP ranks (default 2; the flag is a no-op at 1)")
     parser.add_argument("--steps", type=POSITIVE, default=5, metavar="K", help="optimizer steps per arm (default 5)")
     parser.add_argument("--accumulate", type=POSITIVE, default=2, metavar="M", help="microbatches per step (default 2)")
@@ -76,7 +77,7 @@ def main(args) -> int:
         out.print(f"vdpcp ab: a rank failed, so the arms cannot be compared (verdict: [bold red]fail[/])\n{failure}")
         for limit in known_limits(run, backend, str(failure)):
             out.print(f"vdpcp ab: {run.impl} declares this a known limit on {backend}: {limit.name}: {limit.reason}")
-        return 1
+        return Exit.FAILED
     judged = judge(run, run.schedule(), ranks, time.perf_counter() - started)
     out.print(ab_report.table(judged))
     for line in ab_report.summary(judged):
@@ -85,7 +86,7 @@ def main(args) -> int:
         ab_report.write_json(args.json, judged)
     if args.png:
         out.print(f"wrote {ab_report.plot(args.png, judged)}")
-    return 0 if judged.passed else 1
+    return Exit.PASSED if judged.passed else Exit.FAILED
 
 
 def known_limits(run, backend: str, failure: str) -> list:

@@ -10,10 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from vdpcp.cli import POSITIVE, RANKS, SEED, UsageError, number
+from vdpcp.cli.exit_codes import Exit, epilog
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("balance", help="per-rank load of the count, balanced and packed splits", description=__doc__)
+    parser = subparsers.add_parser("balance", help="per-rank load of the count, balanced and packed splits", description=__doc__,
+                                   epilog=epilog("balance"))
     parser.add_argument("source", nargs="?", help="a spec file or a folder of spec files")
     parser.add_argument("--dataset", help="a built-in generator instead: doc-qa, multi-image or video")
     parser.add_argument("--seed", type=SEED, default=0, help="first seed of --dataset (default 0)")
@@ -31,7 +33,7 @@ def run(args) -> int:
 
     specs = _specs(args)
     cps = args.cp or [2, 4, 8]
-    alpha = balance.DEFAULT_ALPHA if args.alpha is None else args.alpha
+    alpha = balance.REAL_TOWER_ALPHA if args.alpha is None else args.alpha
     print(f"{len(specs)} microbatch(es): {_describe(specs)}; alpha = {alpha}\n")
     if len(specs) == 1:
         balances = [b for cp in cps for b in balance.compare(specs[0], cp, alpha)]
@@ -44,7 +46,7 @@ def run(args) -> int:
         print(balance.sweep_table(rows))
         if args.png:
             print(f"\nwrote {balance.plot_sweep(rows, args.png, f'{_describe(specs)}: busiest rank / lower bound')}")
-    return 0
+    return Exit.PASSED
 
 
 def _specs(args):

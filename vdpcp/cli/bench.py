@@ -2,7 +2,9 @@
 
 import importlib
 
-# target name -> module defining add_arguments(parser) and run(args) -> exit code (see vdpcp/bench)
+from vdpcp.cli.exit_codes import epilog
+
+# target name -> module defining add_arguments(parser) and run(args) -> exit code (vdpcp.tools.bench)
 TARGETS = {
     "faults": "vdpcp.tools.bench.faults",
     "harness": "vdpcp.tools.bench.harness",
@@ -14,10 +16,11 @@ TARGETS = {
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("bench", help=__doc__.split(": ", 1)[1], description=__doc__)
+    parser = subparsers.add_parser("bench", help=__doc__.split(": ", 1)[1], description=__doc__, epilog=epilog("bench"))
     targets = parser.add_subparsers(dest="target", required=True, metavar="TARGET")
     for name, module_name in TARGETS.items():
         module = importlib.import_module(module_name)
-        target = targets.add_parser(name, help=module.__doc__.splitlines()[0], description=module.__doc__)
+        target = targets.add_parser(name, help=module.__doc__.splitlines()[0], description=module.__doc__,
+                                    epilog=epilog("bench"))
         module.add_arguments(target)
         target.set_defaults(func=module.run)

@@ -3,14 +3,9 @@
 Each case runs the sharded encoder on CP ranks and compares it with the unsharded one: outputs on every
 rank, each rank's input grads for its own images, and parameter grads (summed over ranks, and each rank's
 own), and what each rank's tower really read (did it shard, as its plan says?). Known upstream limits are strict
-xfails (see vdpcp.matrix.scenarios). Exit 0 when every case passes (pass, replicated as the implementation's fallback
-policy says, or a strict xfail failing the known way), 3 when the only others are not-sharded (every result right,
-but some microbatch was not distributed where vision_dp_over_cp should have sharded it: the feature is a
-silent no-op there, which CI should stop on but a script can tell from a wrong result), 4 when the only others are
-unbalanced (every result right and distributed, but a rank carries a whole unit more than the best partition under
-the implementation's own declared objective), 5 when any is grad-written (every result right, but a backward wrote
-into the gradient it was handed: a consumer that reads it after sees the sum; before 3 and 4), 1 when any case fails,
-errors, mismatches its plan or passes a strict xfail, 2 on bad input.
+xfails (see vdpcp.matrix.scenarios). Its exit code tells a wrong result from work that was right but not
+distributed, unevenly distributed, or written into the gradient it was handed: CI stops on each, and a script can
+tell them apart.
 """
 
 from __future__ import annotations
@@ -37,11 +32,13 @@ from vdpcp.cli import (
     checked_splits,
     checked_tower,
 )
+from vdpcp.cli.exit_codes import Exit, epilog
 from vdpcp.matrix.progress import add_maxfail_options
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("check", help=__doc__.splitlines()[0].split(": ", 1)[1], description=__doc__)
+    parser = subparsers.add_parser("check", help=__doc__.splitlines()[0].split(": ", 1)[1], description=__doc__,
+                                   epilog=epilog("check"))
     parser.add_argument("--cp", type=RANKS, nargs="+", metavar="N", help="CP sizes to run (default: 1 2 4 8)")
     parser.add_argument("--impl", nargs="+", metavar="IMPL",
                         help=f"implementations under test (default: reference and mcore, each where it can run here): {IMPL_HELP}")
@@ -89,7 +86,7 @@ def select(args) -> tuple[list, list]:
             for path in args.spec:
                 rows = scenarios.spec_scenarios(path, cps)
                 for row, cp, impl in ((r, cp, i) for r in rows for cp in r.cps for i in filters["impls"]):
-                    # before the matrix plans every split (packing 100,000 images alone takes minutes)
+                    # before the matrix plans every split, which for a huge spec is slow in itself
                     budget.check(Case(row.spec, cp, impl, dtype=args.dtype, tower=args.tower),
                                  path if path.is_file() else f"{path} ({row.spec.name})",
                                  budget.device_for(args.backend, cp))
@@ -134,7 +131,7 @@ def main(args) -> int:
     cases, left_out = scenarios.confirm_once(cases, lambda case: planned_backend(args.backend, case.world_size))
     if args.list:
         print("\n".join(case.id for case in cases))
-        return 0
+        return Exit.PASSED
     if args.backend is not None:
         configure(backend=args.backend)  # for this call only: vdpcp.cli.main scopes it
     preload_case_modules({case.impl for case in cases})
@@ -183,21 +180,18 @@ def _label(rows) -> str:
     return "/".join(sorted({row.result.backend for row in rows}))
 
 
-NOT_SHARDED_EXIT = 3
-UNBALANCED_EXIT = 4
-GRAD_WRITTEN_EXIT = 5
 # The verdicts that exit with a code of their own, the most telling first; every other one that does not pass exits 1.
-OWN_EXIT = {"grad-written": GRAD_WRITTEN_EXIT, "not-sharded": NOT_SHARDED_EXIT, "unbalanced": UNBALANCED_EXIT}
+OWN_EXIT = {"grad-written": Exit.GRAD_WRITTEN, "not-sharded": Exit.NOT_SHARDED, "unbalanced": Exit.UNBALANCED}
 
 
-def exit_code(verdicts) -> int:
-    """0 when every verdict passes; 1 when any other exits 1; else the code of the first of OWN_EXIT among them
-    (see the module's docstring)."""
+def exit_code(verdicts) -> Exit:
+    """PASSED when every verdict passes; FAILED when any other exits so; else the code of the first of OWN_EXIT
+    among them (vdpcp.cli.exit_codes says what each means)."""
     from vdpcp.matrix.expectations import PASSING
 
     rest = {v for v in verdicts if v not in PASSING}
     if not rest:
-        return 0
+        return Exit.PASSED
     if rest <= set(OWN_EXIT):
         return next(code for verdict, code in OWN_EXIT.items() if verdict in rest)
-    return 1
+    return Exit.FAILED

@@ -3,8 +3,8 @@
 Draws --budget microbatches (seeded: the same --seed runs the same search) and runs each sharded against
 unsharded on warm workers. The first failure is shrunk to the smallest spec that fails the same way,
 written to --out as <configuration>-cp<N>.json (a saved case: it carries its CP size, flags and failure
-signature), and its `vdpcp replay` command printed: exit 1. Failures an earlier search of the same
-configuration saved in --out are replayed first. Nothing found: exit 0 with the count of microbatches run.
+signature), and its `vdpcp replay` command printed. Failures an earlier search of the same
+configuration saved in --out are replayed first. Nothing found: the count of microbatches run.
 --no-even-pad and --mutant expose known failure modes.
 """
 
@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from vdpcp.cli import POSITIVE, RANKS, SEED, checked_impls, checked_splits
+from vdpcp.cli.exit_codes import Exit, epilog
 from vdpcp.cli.replay import add_case_arguments, check_mutant
 
 DEFAULT_OUT = Path("fuzz-out")
@@ -22,7 +23,7 @@ DEFAULT_OUT = Path("fuzz-out")
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("fuzz", help="search random microbatches for a sharding failure and shrink it",
-                                   description=__doc__)
+                                   description=__doc__, epilog=epilog("fuzz"))
     parser.add_argument("--cp", type=RANKS, required=True, help="CP ranks")
     parser.add_argument("--budget", type=POSITIVE, default=None,
                         help="microbatches to draw before giving up; shrinking runs come on top (default: 100)")
@@ -49,7 +50,7 @@ def main(args) -> int:
     with _Progress(search) as progress:
         report = fuzz(search, args.out, on_run=progress.update)
     print(_summary(report, time.monotonic() - start))
-    return 1 if report.finding else 0
+    return Exit.FAILED if report.finding else Exit.PASSED
 
 
 def _summary(report, seconds: float) -> str:

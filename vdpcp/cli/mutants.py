@@ -4,8 +4,7 @@ A mutant is a plausible bug (vdpcp.tools.mutants): for the reference, monkeypatc
 for any implementation (--impl), wrappers at the interface (features wrong on one rank, a rank's gradient
 dropped, a replicated loss, a rank's tower outside autograd), which show how much the matrix sees of YOUR
 code. Each is first run against its kill set (a few named cases, stopping at the first kill); one that
-survives it is run against the implementation's whole matrix before it is called a survivor. Exit 0 when
-every mutant is killed, 1 when any survives, 2 on bad input.
+survives it is run against the implementation's whole matrix before it is called a survivor.
 """
 
 from __future__ import annotations
@@ -25,11 +24,13 @@ from vdpcp.cli import (
     checked_impls,
     checked_tower,
 )
+from vdpcp.cli.exit_codes import Exit, epilog
 from vdpcp.matrix.progress import add_maxfail_options
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("mutants", help=__doc__.splitlines()[0].split(": ", 1)[1], description=__doc__)
+    parser = subparsers.add_parser("mutants", help=__doc__.splitlines()[0].split(": ", 1)[1], description=__doc__,
+                                   epilog=epilog("mutants"))
     parser.add_argument("names", nargs="*", metavar="MUTANT", help="mutants to run (default: every one that applies)")
     parser.add_argument("--impl", default="reference", metavar="IMPL",
                         help=f"implementation to mutate (default: reference, which also has vdpcp's own named mutants): {IMPL_HELP}")
@@ -63,7 +64,7 @@ def main(args) -> int:
     if args.list:
         for name in names:
             print(f"{name}: {MUTANTS[name].bug}\n  kill set: {', '.join(MUTANTS[name].kills) or '(none)'}")
-        return 0
+        return Exit.PASSED
     # vdpcp's own named mutants patch its plan, which MCore's cases are checked against too: the reference's
     # hunt runs the built-ins' matrix; another implementation's, its own.
     tower = checked_tower(args.tower, BUILT_INS if impl == "reference" else (impl,))

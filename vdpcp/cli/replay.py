@@ -7,10 +7,7 @@ placeholders), the verdict judged as `vdpcp check` judges it (a known upstream l
 is an xfail with its reason; --no-known-limits sets the limit aside, so an upstream bug's reproduction fails
 until it is fixed), the failure signature against the saved one, and for an errored case the failing rank's
 traceback. The case is sized before anything is built (vdpcp.matrix.budget): one over --max-spec-bytes
-is refused. Exit as `vdpcp check` does: 0 pass, replicated or xfail, 3 not-sharded, 4 unbalanced, 5 grad-written, 1 any other
-failure, 2 bad
-spec or options, including a spec over the limit, one the unsharded encoder rejects too (then sharding is not to
-blame), and a rank out of memory (a resource failure, not a verdict).
+is refused. It exits as `vdpcp check` does, except that a case that says nothing about sharding is bad input.
 """
 
 from __future__ import annotations
@@ -18,10 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from vdpcp.cli import DTYPES, IMPL_HELP, RANKS, SPLITS, UsageError, add_budget_option, add_run_options, checked_impls
+from vdpcp.cli.exit_codes import epilog
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("replay", help=__doc__.splitlines()[0].split(": ", 1)[1], description=__doc__)
+    parser = subparsers.add_parser("replay", help=__doc__.splitlines()[0].split(": ", 1)[1], description=__doc__,
+                                   epilog=epilog("replay"))
     parser.add_argument("spec", metavar="SPEC.json", type=Path, help="a microbatch spec file")
     parser.add_argument("--cp", type=RANKS, default=None, help="CP ranks (default: the file's case.cp, else the name's -cp<N> tag)")
     parser.add_argument("--outputs-only", action="store_true", help="check the outputs alone (no backward)")

@@ -1,7 +1,7 @@
 """The one protocol an implementation of vision DP over CP meets to be held to vdpcp's matrix.
 
-This module is the bottom of the house: it imports nothing of vdpcp's (the default ``build_model`` reaches
-the toy tower lazily), so the case, the oracle, the reference and every adapter can stand on it.
+This module is the bottom of the house: it imports nothing of vdpcp's but the contract's sizing.py (the default
+``build_model`` reaches the toy tower lazily), so the case, the oracle, the reference and every adapter can stand on it.
 
 An implementation is an object (subclass ``Implementation``, or any object with ``name``, ``encode`` and
 ``encode_sharded``) that says:
@@ -56,12 +56,10 @@ Optional parts:
   both sides of a fallback threshold), each a MicrobatchSpec run at every CP size or a (spec, CP sizes) pair;
   ``preload``: modules the rank workers import once;
   ``tensor_parallel``: TP sizes its tower supports (``case.tp``; its TP group is
-  ``vdpcp.feature.layout.groups(...).tp``), for the CP x TP layout cases; ``patch_bytes(case)``: the bytes one patch of
-  the microbatch costs one arm of its encoder (its inputs, activations kept for backward and gradients, at
-  ``case.dtype``), where vdpcp's estimate for its toy tower (vdpcp.matrix.budget) is wrong for its own tower: cases are
-  sized with it before anything is built, and refused over the limit; ``param_count(case)``: its parameters (for
-  the same sizing: a rank holds the model and up to three sets of its gradients); ``full_attention(case)``:
-  (layers that attend over a whole image, heads), for the n x n scores a float64 run keeps on a GPU.
+  ``vdpcp.feature.layout.groups(...).tp``), for the CP x TP layout cases; ``sizing``: a ``Sizing``
+  (vdpcp.contract.sizing) with what its tower costs a case, where vdpcp's figures for its toy tower
+  (vdpcp.matrix.budget) are wrong for its own: the bytes a patch costs one arm, its parameters, and its layers
+  that attend over a whole image. Cases are sized with it before anything is built, and refused over the limit.
 
 What it declares about itself, so the judge is fair to it (each default is the design's rule):
 
@@ -107,17 +105,20 @@ Nothing else in vdpcp branches on an implementation's name.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from vdpcp.contract.sizing import SIZING_HOOKS, Sizing, sizing_of
 
 if TYPE_CHECKING:
     import torch
 
 GROUP_MISMATCH_TEXT = "vision_dp_over_cp does not match its process group"
 MAIN_OUTPUT = "features"
-# The reference's attention cost p*(p+alpha) needs alpha in tokens; about 3x the tower's hidden size.
-DEFAULT_ALPHA = 96
+# alpha of the attention cost p*(p+alpha), in tokens: three times the hidden size of the toy tower the configs default to.
+TOY_TOWER_ALPHA = 96
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ class VisionDPConfig:
     vision_dp_over_cp: bool = True  # on by default, as shipped; self-disables at CP=1
     strategy: str = "count"
     cost: str = "patches"
-    alpha: int = DEFAULT_ALPHA
+    alpha: int = TOY_TOWER_ALPHA
 
     @property
     def shard_vision(self) -> bool:
@@ -237,7 +238,7 @@ class Balance:
 
     cost: str | Callable[[int, int], int] = "patches"
     contiguous: bool = True
-    alpha: int = DEFAULT_ALPHA
+    alpha: int = TOY_TOWER_ALPHA
     frames_per_unit: int | None = None
 
     def unit_cost(self, grid: tuple[int, int]) -> int:
@@ -276,7 +277,7 @@ class Implementation:
     def build_model(self, case, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
         from vdpcp.feature.model import VisionModel
 
-        # A real-size tower is drawn on the device it runs on; the toy one on the CPU (its weights as they always were).
+        # A real-size tower is drawn on the device it runs on; the toy one on the CPU, so its weights are alike everywhere.
         return VisionModel(toy_tower(case), device if case.tower != "toy" else None).to(device=device, dtype=dtype)
 
     def model_key(self, case):
@@ -317,19 +318,12 @@ class Implementation:
     def scenarios(self) -> tuple:
         return ()
 
-    def patch_bytes(self, case) -> int | None:
-        return None  # vdpcp.matrix.budget's estimate for the toy tower
-
-    def param_count(self, case) -> int | None:
-        return None  # vdpcp.matrix.budget counts the toy tower's; another tower's is unknown until declared
-
-    def full_attention(self, case) -> tuple[int, int] | None:
-        """(layers that attend over a whole image, their heads): where no fused kernel takes the dtype (float64 on
-        CUDA), their n x n scores are most of an arm's memory (vdpcp.matrix.budget). The toy tower's; None: unknown."""
-        if not builds_toy_tower(self):
-            return None
-        tower = toy_tower(case)
-        return tower.layers, tower.heads
+    @functools.cached_property
+    def sizing(self) -> Sizing:
+        """What its tower costs a case (vdpcp.matrix.budget reads it); a subject declares its own as ``sizing =
+        MySizing()``, on its class or in ``__init__``. The default's figures are vdpcp's own; sizing hooks defined on
+        the implementation itself, the older spelling, still count, with a DeprecationWarning."""
+        return sizing_of(self)
 
     def __repr__(self) -> str:
         return f"<vdpcp implementation {self.name!r}>"
@@ -344,7 +338,7 @@ class Adapted(Implementation):
 
     def __getattribute__(self, attr):
         subject = object.__getattribute__(self, "_subject")
-        if attr in PROTOCOL and hasattr(subject, attr):
+        if (attr in PROTOCOL or attr in SIZING_HOOKS) and hasattr(subject, attr):
             return getattr(subject, attr)
         return object.__getattribute__(self, attr)
 
@@ -371,8 +365,8 @@ def toy_tower(case):
 REQUIRED = ("name", "encode", "encode_sharded")
 PROTOCOL = REQUIRED + ("build_model", "model_key", "subject_model", "inputs", "plan", "replicated", "media_tokens",
                        "known_limit", "splits",
-                       "media", "towers", "scenarios", "preload", "tensor_parallel", "patch_bytes", "param_count",
-                       "full_attention", "mismatch_error", "checks_cp1", "forward_only", "empty_rank_may_skip",
+                       "media", "towers", "scenarios", "preload", "tensor_parallel", "sizing",
+                       "mismatch_error", "checks_cp1", "forward_only", "empty_rank_may_skip",
                        "pixel_grads", "loader_pixels", "merges_copy", "has_opt_out", "balance")
 
 

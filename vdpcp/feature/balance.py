@@ -23,8 +23,8 @@ from vdpcp.feature.plan import COSTS, Plan, make_plan
 if TYPE_CHECKING:  # specs are only read here; importing vdpcp.feature.spec would pull torch into `vdpcp bench --help`
     from vdpcp.feature.spec import MicrobatchSpec
 
-# About 3x the hidden size of the 1024-wide tower the memory benchmark runs (NeMo Automodel's choice of alpha).
-DEFAULT_ALPHA = 3 * 1024
+# The balance command's and sweep's alpha: 3x the hidden size of the real-size tower, as NeMo Automodel chooses alpha.
+REAL_TOWER_ALPHA = 3 * 1024
 # (name, strategy, cost the planner minimises)
 SPLITS = (
     ("count", "count", "patches"),
@@ -63,7 +63,7 @@ class SplitBalance:
         return _ratio(self.busiest(cost), self.lower_bound[cost])
 
 
-def plan_split(spec: MicrobatchSpec, cp: int, split: str, alpha: int = DEFAULT_ALPHA) -> Plan:
+def plan_split(spec: MicrobatchSpec, cp: int, split: str, alpha: int = REAL_TOWER_ALPHA) -> Plan:
     strategy, cost = _split(split)
     return make_plan(
         spec.images,
@@ -77,7 +77,7 @@ def plan_split(spec: MicrobatchSpec, cp: int, split: str, alpha: int = DEFAULT_A
     )
 
 
-def split_balance(spec: MicrobatchSpec, cp: int, split: str, alpha: int = DEFAULT_ALPHA) -> SplitBalance:
+def split_balance(spec: MicrobatchSpec, cp: int, split: str, alpha: int = REAL_TOWER_ALPHA) -> SplitBalance:
     plan = plan_split(spec, cp, split, alpha)
     loads = {cost: plan.loads(cost, alpha) for cost in COSTS}
     ranks = tuple(
@@ -91,11 +91,11 @@ def split_balance(spec: MicrobatchSpec, cp: int, split: str, alpha: int = DEFAUL
     return SplitBalance(split, cp, ranks, ideal, bound)
 
 
-def compare(spec: MicrobatchSpec, cp: int, alpha: int = DEFAULT_ALPHA) -> list[SplitBalance]:
+def compare(spec: MicrobatchSpec, cp: int, alpha: int = REAL_TOWER_ALPHA) -> list[SplitBalance]:
     return [split_balance(spec, cp, name, alpha) for name in SPLIT_NAMES]
 
 
-def unit_costs(spec: MicrobatchSpec, cost: str, alpha: int = DEFAULT_ALPHA) -> list[int]:
+def unit_costs(spec: MicrobatchSpec, cost: str, alpha: int = REAL_TOWER_ALPHA) -> list[int]:
     """Cost of each encoder unit (image, or tubelet of up to T frames sharing the first frame's grid)."""
     weight = (lambda p: p) if cost == "patches" else (lambda p: p * (p + alpha))
     costs, row = [], 0
@@ -133,7 +133,7 @@ class SweepRow:
     microbatches: int
 
 
-def sweep(specs: Sequence[MicrobatchSpec], cps: Sequence[int], alpha: int = DEFAULT_ALPHA) -> list[SweepRow]:
+def sweep(specs: Sequence[MicrobatchSpec], cps: Sequence[int], alpha: int = REAL_TOWER_ALPHA) -> list[SweepRow]:
     """Busiest-rank ratios over many microbatches, per (CP, split, cost); 'unordered' is the reference above."""
     rows = []
     for cp in cps:

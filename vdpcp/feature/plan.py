@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from vdpcp.contract.protocol import DEFAULT_ALPHA
+from vdpcp.contract.protocol import TOY_TOWER_ALPHA
 
 STRATEGIES = ("count", "balanced", "packed")
 COSTS = ("patches", "attention")
@@ -95,7 +95,7 @@ class Plan:
     def shard(self, rank: int) -> RankShard:
         return self.shards[rank]
 
-    def loads(self, cost: str = "patches", alpha: int = DEFAULT_ALPHA) -> list[int]:
+    def loads(self, cost: str = "patches", alpha: int = TOY_TOWER_ALPHA) -> list[int]:
         """Each rank's encoder cost: the sum of its units' costs (placeholders included: they are encoded)."""
         unit_cost = _cost_fn(cost, alpha)
         return [
@@ -103,7 +103,7 @@ class Plan:
             for s in self.shards
         ]
 
-    def lower_bound(self, cost: str = "patches", alpha: int = DEFAULT_ALPHA) -> float:
+    def lower_bound(self, cost: str = "patches", alpha: int = TOY_TOWER_ALPHA) -> float:
         """No split on unit boundaries can beat max(largest unit, total / CP)."""
         unit_cost = _cost_fn(cost, alpha)
         costs = [unit_cost(t) for t in _unit_tokens(self.rows, self.media_frames, self.temporal_patch_size, self.patch_dim)]
@@ -119,7 +119,7 @@ def make_plan(
     temporal_patch_size: int = 1,
     strategy: str = "count",
     cost: str = "patches",
-    alpha: int = DEFAULT_ALPHA,
+    alpha: int = TOY_TOWER_ALPHA,
 ) -> Plan:
     """Plan the split of one microbatch's rows over ``cp_size`` ranks."""
     if not isinstance(cp_size, int) or cp_size < 1:

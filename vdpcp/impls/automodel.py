@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from vdpcp.contract.protocol import MAIN_OUTPUT, Balance, Implementation, KnownLimit, MediaAxes, check_group
+from vdpcp.contract.sizing import Sizing
 from vdpcp.feature.spec import MicrobatchSpec
 from vdpcp.impls.qwen2_5_vl import (
     CHANNELS,
@@ -99,6 +100,28 @@ def outputs(tower_output) -> dict[str, torch.Tensor]:
     return {MAIN_OUTPUT: tower_output.pooler_output, **{f"deepstack{k}": d for k, d in enumerate(deepstack)}}
 
 
+class Qwen3VLSizing(Sizing):
+    """What the Qwen3-VL tower costs a case (vdpcp.matrix.budget), at the case's tower size."""
+
+    def full_attention(self, case) -> tuple[int, int]:
+        dims = SIZES[case.tower]  # every block attends over the whole frame
+        return dims["depth"], dims["num_heads"]
+
+    def param_count(self, case) -> int:
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+        return param_count(Qwen3VLVisionModel, tower_config(case.spec.patch_dim, case.tower))
+
+    def patch_bytes(self, case) -> int:
+        """One arm's bytes per patch (vdpcp.matrix.budget): the input transform's copies (Qwen2.5-VL's, about 12 elements
+        per pixel value), and per block about 13 x hidden + 2 x intermediate elements kept for backward (norms,
+        qkv, rotated q and k in float32, attention, projection, the MLP's two activations)."""
+        itemsize = {"float64": 8, "float32": 4, "bfloat16": 2}[case.dtype]
+        dims = SIZES[case.tower]
+        blocks = dims["depth"] * (13 * dims["hidden_size"] + 2 * dims["intermediate_size"])
+        return itemsize * (12 * CHANNELS * case.spec.patch_dim**2 + blocks)
+
+
 class Automodel(Implementation):
     """Automodel's frame sharding with ``thresholds`` (keyword arguments of CpVisionFrameShardingConfig) changed
     from its released defaults; none changed is Automodel as shipped."""
@@ -107,6 +130,7 @@ class Automodel(Implementation):
     loader_pixels = "device"  # Automodel's recipe moves each batch to the device before the model; its model casts
     pixel_grads = True  # its split slices the pixels it is handed; gradients reach them through the tower
     preload = (MODELING, SHARDING)  # the rank zygote imports them once (it refuses a preload that starts a thread)
+    sizing = Qwen3VLSizing()
 
     def __init__(self, name: str, **thresholds):
         self.name = name
@@ -136,24 +160,6 @@ class Automodel(Implementation):
 
     def model_key(self, case):
         return case.tower, case.spec.patch_dim, seed_of(case)
-
-    def full_attention(self, case) -> tuple[int, int]:
-        dims = SIZES[case.tower]  # every block attends over the whole frame
-        return dims["depth"], dims["num_heads"]
-
-    def param_count(self, case) -> int:
-        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
-
-        return param_count(Qwen3VLVisionModel, tower_config(case.spec.patch_dim, case.tower))
-
-    def patch_bytes(self, case) -> int:
-        """One arm's bytes per patch (vdpcp.matrix.budget): the input transform's copies (Qwen2.5-VL's, about 12 elements
-        per pixel value), and per block about 13 x hidden + 2 x intermediate elements kept for backward (norms,
-        qkv, rotated q and k in float32, attention, projection, the MLP's two activations)."""
-        itemsize = {"float64": 8, "float32": 4, "bfloat16": 2}[case.dtype]
-        dims = SIZES[case.tower]
-        blocks = dims["depth"] * (13 * dims["hidden_size"] + 2 * dims["intermediate_size"])
-        return itemsize * (12 * CHANNELS * case.spec.patch_dim**2 + blocks)
 
     def inputs(self, batch) -> TowerInputs:
         return qwen2_5_vl.inputs(batch)

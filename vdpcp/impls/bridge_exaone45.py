@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from vdpcp.contract.protocol import Implementation, MediaAxes, Ownership, check_group
+from vdpcp.contract.sizing import Sizing
 from vdpcp.impls import bridge_release
 from vdpcp.impls.bridge_qwen3_vl import (
     IMAGE,
@@ -126,6 +127,26 @@ def bridge_config(release, vision_config, dtype: torch.dtype):
         video_token_id=VIDEO, vision_start_token_id=VISION_START, calculate_per_token_loss=True)
 
 
+class Exaone45Sizing(Sizing):
+    """What the EXAONE 4.5 tower costs a case (vdpcp.matrix.budget), at the case's tower size."""
+
+    def full_attention(self, case) -> tuple[int, int]:
+        config = tower_config(case.spec.patch_dim, case.tower)
+        return len(config.fullatt_block_indexes), config.num_heads
+
+    def param_count(self, case) -> int:
+        from transformers.models.exaone4_5.modeling_exaone4_5 import Exaone4_5_VisionModel
+
+        return param_count(Exaone4_5_VisionModel, tower_config(case.spec.patch_dim, case.tower))
+
+    def patch_bytes(self, case) -> int:
+        """qwen2_5_vl's estimate (the same design of tower, the same input transform), at this tower's sizes."""
+        itemsize = {"float64": 8, "float32": 4, "bfloat16": 2}[case.dtype]
+        config = tower_config(case.spec.patch_dim, case.tower)
+        blocks = config.depth * (13 * config.hidden_size + 4 * config.intermediate_size)
+        return itemsize * (12 * CHANNELS * case.spec.patch_dim**2 + blocks)
+
+
 class BridgeExaone45(Implementation):
     """Bridge's ``Exaone45Model.forward`` of the installed release."""
 
@@ -134,6 +155,7 @@ class BridgeExaone45(Implementation):
     has_opt_out = False  # the release has no switch: it shards at every CP above 1
     loader_pixels = "device"  # Bridge's data step moves each batch to the device before the model
     empty_rank_may_skip = True  # Bridge skips the tower on a rank with no image; transformers' holds no collective
+    sizing = Exaone45Sizing()
     towers = {size: MediaAxes(patch_dim=patch, temporal_patch_sizes=(1, TEMPORAL_PATCH), min_grid=MERGE,
                               even_grids=True)  # Qwen2-VL's processors resize images to whole merge windows
               for size, patch in (("toy", PATCH), ("real", REAL_PATCH))}
@@ -154,22 +176,6 @@ class BridgeExaone45(Implementation):
 
     def model_key(self, case):
         return case.tower, case.spec.patch_dim, seed_of(case)
-
-    def full_attention(self, case) -> tuple[int, int]:
-        config = tower_config(case.spec.patch_dim, case.tower)
-        return len(config.fullatt_block_indexes), config.num_heads
-
-    def param_count(self, case) -> int:
-        from transformers.models.exaone4_5.modeling_exaone4_5 import Exaone4_5_VisionModel
-
-        return param_count(Exaone4_5_VisionModel, tower_config(case.spec.patch_dim, case.tower))
-
-    def patch_bytes(self, case) -> int:
-        """qwen2_5_vl's estimate (the same design of tower, the same input transform), at this tower's sizes."""
-        itemsize = {"float64": 8, "float32": 4, "bfloat16": 2}[case.dtype]
-        config = tower_config(case.spec.patch_dim, case.tower)
-        blocks = config.depth * (13 * config.hidden_size + 4 * config.intermediate_size)
-        return itemsize * (12 * CHANNELS * case.spec.patch_dim**2 + blocks)
 
     def inputs(self, batch) -> BridgeInputs:
         return BridgeInputs(qwen2_5_vl.inputs(batch), tuple(frames > 1 for frames in batch.spec.media_frames))

@@ -240,6 +240,9 @@ class BridgeQwen3VL(Implementation):
     preload = (automodel.MODELING,)
     loader_pixels = "device"  # Bridge's data step moves each batch to the device before the model
     empty_rank_may_skip = True  # Bridge skips the tower on a rank with no image; transformers' holds no collective
+    # Automodel's tower and input transform; the merged embeddings Bridge adds are a few rows of the language model's
+    # width per token, within its estimate.
+    sizing = automodel.Qwen3VLSizing()
     towers = {size: MediaAxes(patch_dim=patch, temporal_patch_sizes=(1, TEMPORAL_PATCH), min_grid=MERGE,
                               even_grids=True)  # Qwen3-VL's processors resize images to whole merge windows
               for size, patch in (("toy", automodel.PATCH), ("real", automodel.REAL_PATCH))}
@@ -260,17 +263,6 @@ class BridgeQwen3VL(Implementation):
 
     def model_key(self, case):
         return case.tower, case.spec.patch_dim, seed_of(case)
-
-    def full_attention(self, case):
-        return automodel.automodel.full_attention(case)  # the same tower
-
-    def param_count(self, case) -> int:
-        return automodel.automodel.param_count(case)
-
-    def patch_bytes(self, case) -> int:
-        """Automodel's estimate (the same tower and input transform); the merged embeddings Bridge adds are a few
-        rows of the language model's width per token, within it."""
-        return automodel.automodel.patch_bytes(case)
 
     def inputs(self, batch) -> BridgeInputs:
         return BridgeInputs(qwen2_5_vl.inputs(batch), tuple(frames > 1 for frames in batch.spec.media_frames))

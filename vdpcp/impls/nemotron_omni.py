@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vdpcp.contract.protocol import KnownLimit, MediaAxes, MismatchError
+from vdpcp.contract.sizing import Sizing
 from vdpcp.feature.model import seeded
 from vdpcp.feature.plan import mcore_gives_up
 from vdpcp.feature.sharded import ownership, plan_for
@@ -287,6 +288,33 @@ def _count(cp: int):
     return VisionDPConfig(context_parallel_size=cp, strategy="count")
 
 
+class OmniVisionSizing(Sizing):
+    """What Omni's RADIO tower and projector cost a case (vdpcp.matrix.budget), at the case's tower size."""
+
+    def param_count(self, case) -> int:
+        s = SIZES[case.tower]
+        h, P = s.hidden, case.spec.patch_dim
+        layer = 4 * h * h + 4 * h + 2 * h * s.mlp + s.mlp + h + 4 * h  # qkv, proj, MLP, two norms (with biases)
+        tower = s.layers * layer + 3 * P * P * h * (1 + TEMPORAL_PATCH) + s.class_tokens * h + s.max_grid**2 * h
+        projector = 2 * MERGE**2 * h + MERGE**2 * h * s.projector_hidden + s.projector_hidden * s.lm_hidden
+        return tower + projector
+
+    def full_attention(self, case) -> tuple[int, int]:
+        s = SIZES[case.tower]  # every layer attends over a whole image
+        return s.layers, s.heads
+
+    def patch_bytes(self, case) -> int:
+        """One arm's bytes per patch: the patch and its embedding, per layer about 12 x hidden + 2 x MLP elements
+        kept for backward (norms, qkv, attention, projection, the MLP's two activations), and a quarter of the
+        projector's (each token is four patches: its input, norm, hidden layer twice, output)."""
+        s = SIZES[case.tower]
+        itemsize = {"float64": 8, "float32": 4, "bfloat16": 2}[case.dtype]
+        per_patch = 3 * case.spec.patch_dim**2 * TEMPORAL_PATCH + 2 * s.hidden
+        layers = s.layers * (12 * s.hidden + 2 * s.mlp)
+        projector = (2 * MERGE**2 * s.hidden + 2 * s.projector_hidden + s.lm_hidden) // MERGE**2
+        return itemsize * (per_patch + layers + projector)
+
+
 class NemotronOmni(BridgeEncoder):
     name = "nemotron-omni"
     splits = ("count",)
@@ -297,6 +325,7 @@ class NemotronOmni(BridgeEncoder):
     preload = PRELOAD + ("megatron.core.models.vision.radio", "megatron.core.models.vision.multimodal_projector")
     # Omni's own error (OmniVision._split), raised on every rank before the split.
     mismatch_error = MismatchError(kind="ValueError", text=GROUP_MISMATCH, names_sizes=False)
+    sizing = OmniVisionSizing()
 
     def build_model(self, case, dtype, device):
         size = SIZES[case.tower]
@@ -321,29 +350,6 @@ class NemotronOmni(BridgeEncoder):
             return MCORE_TUBELET_GIVE_UP
         # MCore's gather backward runs on gloo too (vdpcp.oracle.observe.gloo_collectives): the remnant is the one limit left.
         return VIDEO_REMNANT if video_remnants(case.spec, case.cp) else None
-
-    def param_count(self, case) -> int:
-        s = SIZES[case.tower]
-        h, P = s.hidden, case.spec.patch_dim
-        layer = 4 * h * h + 4 * h + 2 * h * s.mlp + s.mlp + h + 4 * h  # qkv, proj, MLP, two norms (with biases)
-        tower = s.layers * layer + 3 * P * P * h * (1 + TEMPORAL_PATCH) + s.class_tokens * h + s.max_grid**2 * h
-        projector = 2 * MERGE**2 * h + MERGE**2 * h * s.projector_hidden + s.projector_hidden * s.lm_hidden
-        return tower + projector
-
-    def full_attention(self, case) -> tuple[int, int]:
-        s = SIZES[case.tower]  # every layer attends over a whole image
-        return s.layers, s.heads
-
-    def patch_bytes(self, case) -> int:
-        """One arm's bytes per patch: the patch and its embedding, per layer about 12 x hidden + 2 x MLP elements
-        kept for backward (norms, qkv, attention, projection, the MLP's two activations), and a quarter of the
-        projector's (each token is four patches: its input, norm, hidden layer twice, output)."""
-        s = SIZES[case.tower]
-        itemsize = {"float64": 8, "float32": 4, "bfloat16": 2}[case.dtype]
-        per_patch = 3 * case.spec.patch_dim**2 * TEMPORAL_PATCH + 2 * s.hidden
-        layers = s.layers * (12 * s.hidden + 2 * s.mlp)
-        projector = (2 * MERGE**2 * s.hidden + 2 * s.projector_hidden + s.lm_hidden) // MERGE**2
-        return itemsize * (per_patch + layers + projector)
 
 
 nemotron_omni = NemotronOmni()

@@ -36,6 +36,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from vdpcp.contract.protocol import Implementation, KnownLimit, MediaAxes, Ownership, check_group
+from vdpcp.contract.sizing import Sizing
 from vdpcp.oracle.compare import sketch
 
 MODELING = "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl"
@@ -235,24 +236,8 @@ class _GatherFeatures(torch.autograd.Function):
         return F.pad(own, (0, 0, 0, ctx.rows - own.shape[0])), None, None
 
 
-class Qwen25VL(Implementation):
-    name = "qwen2_5_vl"
-    splits = ("count",)
-    pixel_grads = True  # its split takes views of the pixels: gradients reach every real patch
-    loader_pixels = "host"  # its split is vdpcp's adapter's: it slices a loader's host pixels, then moves its share
-    # Its tubelets are always 2 frames (the Conv3d's depth), whatever a spec's T: videos are drawn at T 1 or 2.
-    media = MediaAxes(temporal_patch_sizes=(1, TEMPORAL_PATCH))
-    towers = {"toy": media, "real": MediaAxes(patch_dim=REAL_PATCH, temporal_patch_sizes=(1, TEMPORAL_PATCH))}
-    preload = (MODELING,)  # 2-4 s to import, and it starts no threads: the rank zygote imports it once
-
-    def build_model(self, case, dtype, device):
-        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
-
-        return built(Qwen2_5_VisionTransformerPretrainedModel, tower_config(case.spec.patch_dim, case.tower),
-                     seed_of(case), dtype, device, case.tower == "toy")
-
-    def model_key(self, case):
-        return case.tower, case.spec.patch_dim, seed_of(case)
+class Qwen25VLSizing(Sizing):
+    """What the Qwen2.5-VL tower costs a case (vdpcp.matrix.budget), at the case's tower size."""
 
     def full_attention(self, case) -> tuple[int, int]:
         dims = SIZES[case.tower]  # the other blocks attend within windows of 8 x 8 patches at most
@@ -262,6 +247,38 @@ class Qwen25VL(Implementation):
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
         return param_count(Qwen2_5_VisionTransformerPretrainedModel, tower_config(case.spec.patch_dim, case.tower))
+
+    def patch_bytes(self, case) -> int:
+        """One arm's bytes per patch (vdpcp.matrix.budget): each patch enters the tower twice over in time, and inputs()'s
+        cat, pad and permute copy it again, with their gradients (about 12 elements per pixel value); each block
+        keeps about 13 x hidden + 4 x intermediate elements a patch for its backward (norms, qkv, q and k rotated in
+        float32, attention, projection, the gated MLP). Toy size, measured (float64, the slope of one arm's peak
+        RSS): 80.8 KB a patch at P=16; this says 84.5 KB."""
+        itemsize = {"float64": 8, "float32": 4, "bfloat16": 2}[case.dtype]
+        dims = SIZES[case.tower]
+        blocks = dims["depth"] * (13 * dims["hidden_size"] + 4 * dims["intermediate_size"])
+        return itemsize * (12 * CHANNELS * case.spec.patch_dim**2 + blocks)
+
+
+class Qwen25VL(Implementation):
+    name = "qwen2_5_vl"
+    splits = ("count",)
+    pixel_grads = True  # its split takes views of the pixels: gradients reach every real patch
+    loader_pixels = "host"  # its split is vdpcp's adapter's: it slices a loader's host pixels, then moves its share
+    # Its tubelets are always 2 frames (the Conv3d's depth), whatever a spec's T: videos are drawn at T 1 or 2.
+    media = MediaAxes(temporal_patch_sizes=(1, TEMPORAL_PATCH))
+    towers = {"toy": media, "real": MediaAxes(patch_dim=REAL_PATCH, temporal_patch_sizes=(1, TEMPORAL_PATCH))}
+    preload = (MODELING,)  # 2-4 s to import, and it starts no threads: the rank zygote imports it once
+    sizing = Qwen25VLSizing()
+
+    def build_model(self, case, dtype, device):
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+        return built(Qwen2_5_VisionTransformerPretrainedModel, tower_config(case.spec.patch_dim, case.tower),
+                     seed_of(case), dtype, device, case.tower == "toy")
+
+    def model_key(self, case):
+        return case.tower, case.spec.patch_dim, seed_of(case)
 
     def inputs(self, batch) -> TowerInputs:
         spec, cu = batch.spec, batch.cu_seqlens.tolist()
@@ -302,22 +319,11 @@ class Qwen25VL(Implementation):
                 tokens[m.first_row] = m.tokens
         return Ownership(tuple(owner), tuple(tokens), tuple(int(start == stop) for start, stop in shards))
 
-    def patch_bytes(self, case) -> int:
-        """One arm's bytes per patch (vdpcp.matrix.budget): each patch enters the tower twice over in time, and inputs()'s
-        cat, pad and permute copy it again, with their gradients (about 12 elements per pixel value); each block
-        keeps about 13 x hidden + 4 x intermediate elements a patch for its backward (norms, qkv, q and k rotated in
-        float32, attention, projection, the gated MLP). Toy size, measured (float64, the slope of one arm's peak
-        RSS): 80.8 KB a patch at P=16; this says 84.5 KB."""
-        itemsize = {"float64": 8, "float32": 4, "bfloat16": 2}[case.dtype]
-        dims = SIZES[case.tower]
-        blocks = dims["depth"] * (13 * dims["hidden_size"] + 4 * dims["intermediate_size"])
-        return itemsize * (12 * CHANNELS * case.spec.patch_dim**2 + blocks)
-
     def known_limit(self, case, backend: str) -> KnownLimit | None:
         if not case.spec.images:
             return EMPTY_MICROBATCH
         if case.dtype == "float64" and case.grads and case.cp > 1 and not case.config.shard_vision \
-                and sketch.pays(self.param_count(case)):
+                and sketch.pays(self.sizing.param_count(case)):
             return FLOAT32_INSIDE
         return None
 

@@ -20,9 +20,10 @@ On the CPU every rank of a case is on this machine: they must fit its memory lim
 (``flops``: 6 x parameters x patches per arm) its compute limit, so a real-size tower is refused here up front,
 not left to run for an hour. On a GPU the busiest GPU must hold its ranks.
 
-One arm's cost per patch is the implementation's ``patch_bytes(case)`` where it declares one (vdpcp.contract.protocol),
-else this module's estimate for vdpcp's toy tower (``toy_arm_bytes``), measured against the real peak; its
-parameters its ``param_count(case)``, else the toy tower's.
+Every figure of the implementation's own is read through its ``sizing`` (vdpcp.contract.sizing): one arm's cost per
+patch is its ``sizing.patch_bytes(case)`` where it declares one, else this module's estimate for vdpcp's toy tower
+(``toy_arm_bytes``), measured against the real peak; its parameters and full-attention layers its
+``sizing.param_count(case)`` and ``sizing.full_attention(case)``, else the toy tower's where it builds that one.
 """
 
 from __future__ import annotations
@@ -34,15 +35,16 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from vdpcp.contract.protocol import builds_toy_tower, toy_tower
+
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 ENV = "VDPCP_MAX_SPEC_BYTES"
 FLAG = "--max-spec-bytes"
-# A third of a 2-core, 24 GB CI runner shared with other jobs: far above the suite's largest case, and low enough
-# to refuse a microbatch such a machine cannot hold, or a size typo, in one line before it runs.
+# Far above the suite's largest case, yet low enough to refuse a size typo, or a microbatch a shared CI runner
+# cannot hold, in one line before it runs.
 DEFAULT_LIMIT = 8 * GiB
-# A real-size tower's case on this machine's 2 cores: a ViT-L-sized tower on one 448 px image at CP 2 is about 12
-# TFLOP (forward and backward of both arms and the exact run, every rank), some minutes; the toy towers' largest
-# case (Automodel's 8k-patch threshold microbatch) is about 0.1. A case over this is refused on the CPU, not run.
+# Far above the toy towers' largest case, and below the matrix's real-size ones: a case over it is refused on the
+# CPU, where it would take too long, not run.
 DEFAULT_FLOPS = 2e12
 FLOPS_ENV, FLOPS_FLAG = "VDPCP_MAX_CASE_TFLOP", "--max-case-tflop"
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2}
@@ -50,14 +52,8 @@ CHANNELS = 3
 # A microbatch's packed patches are held three times over in an arm: the patches, their gradient, and that
 # gradient assembled from each image's piece in backward.
 INPUT_COPIES = 3
-# The toy tower's activations kept for backward, in elements: per patch and layer (layer norms, qkv, the
-# attention's q, k, v and output, its projection, two residuals, the MLP's 4h in and out: about 20 h), per
-# patch after the blocks (final norm, even padding, pixel shuffle, the projector's norm: 8 h), per output token
-# in the projector (6 lm_hidden). Below float32 they are counted as float32 (CPU kernels compute bf16 in float32),
-# and every patch costs 1 KiB whatever the dtype (autograd's and the allocator's bookkeeping: float32 measured
-# 8.2 KB a patch, not half of float64's 12.6). Measured (tiny tower, one arm, the slope of peak RSS, P=4 between
-# 16k and 64k or 256k patches): 12.6 KB a patch in float64, 8.2 KB in float32; at P=16 (1.6k to 6.4k patches)
-# 29.0 KB in float64. This estimate says 15.0, 8.0 and 32.3 KB.
+# The toy tower's activations kept for backward, in hidden-size elements per patch and layer, per patch after the
+# blocks, and in lm_hidden elements per output token; PATCH_OVERHEAD is autograd's and the allocator's bookkeeping.
 PER_LAYER, AFTER_BLOCKS, PER_TOKEN = 20, 8, 6
 PATCH_OVERHEAD = 1024
 
@@ -200,22 +196,19 @@ class Need:
 
 EXACT = {"bfloat16": "float32", "float32": "float64"}  # vdpcp.oracle.compare.precision's exact run, by the case's dtype
 EXACT_CHUNK = 4096  # patches of whole media items per call of the exact run (vdpcp.oracle.compare.rounding.measure)
-# How many copies of the tower's gradients a rank holds: the unsharded arm's, set aside, and the sharded arm's; its
-# own share of the unsharded ones too where it has one (a stated plan, or sharding off: its own loss's), and the
-# exact run the same over its own copy of the model.
-# float64 attention takes the math kernel on CUDA (no fused one takes float64): it keeps about this many n x n
-# score tensors a head and layer for backward, as measured on a real-size tower.
+# float64 attention takes CUDA's math kernel, no fused one taking float64: it keeps about this many n x n score
+# tensors a head and layer for backward.
 SCORES_KEPT = 1.0
 
 
 def need(case, patch_bytes: int | None = None, device: str = "cpu") -> Need:
     """What ``case`` will need on ``device`` ("cpu" or "cuda"). ``patch_bytes``: one arm's bytes per patch, as an
-    implementation declares it (default: its ``patch_bytes(case)``, else the toy tower's estimate)."""
+    implementation declares it (default: its ``sizing.patch_bytes(case)``, else the toy tower's estimate)."""
     spec, d = case.spec, DTYPE_BYTES[case.dtype]
     units = _units(spec)
     patches = sum(spec.row_patches)
     params = _params(case)
-    attention = _declared(case, "full_attention")
+    attention = _full_attention(case)
 
     def arm(shard, dtype: str = case.dtype) -> int:
         per_patch = patch_bytes if patch_bytes is not None else declared_patch_bytes(case.with_(dtype=dtype))
@@ -343,22 +336,36 @@ def _gpu_text(found: Need, held: int) -> str:
 
 
 def declared_patch_bytes(case) -> int | None:
-    """The implementation's own bytes per patch for one arm (``patch_bytes(case)``), or None."""
-    value = _declared(case, "patch_bytes")
+    """The implementation's own bytes per patch for one arm (``sizing.patch_bytes(case)``), or None."""
+    impl = _implementation(case)
+    value = impl.sizing.patch_bytes(case) if impl is not None else None
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
         raise BudgetError(f"{case.impl}: patch_bytes(case) is {value!r}; expected a positive int (bytes per patch)")
     return value
 
 
-def _declared(case, part: str):
+def _implementation(case):
+    """The case's implementation, or None where its target does not resolve: it is then sized as the toy tower, and
+    the ranks report the bad target as they always have."""
     from vdpcp.impls import ImplError, resolve
 
     try:
-        impl = resolve(case.impl)
+        return resolve(case.impl)
     except ImplError:
-        return None  # sized as the toy tower; the ranks then report the bad target as they always have
-    declared = getattr(impl, part, None)
-    return declared(case) if callable(declared) else declared
+        return None
+
+
+def _full_attention(case) -> tuple[int, int] | None:
+    """(layers that attend over a whole image, their heads): as the implementation's sizing declares them, the toy
+    tower's where it builds that one, else unknown (None)."""
+    impl = _implementation(case)
+    if impl is None:
+        return None
+    declared = impl.sizing.full_attention(case)
+    if declared is not None or not builds_toy_tower(impl):
+        return declared
+    tower = toy_tower(case)
+    return tower.layers, tower.heads
 
 
 def toy_arm_bytes(case, units, device: str = "cpu") -> int:
@@ -401,19 +408,13 @@ def _lm_hidden(case) -> int:
 
 
 def _params(case) -> int:
-    """The tower's parameters: as the implementation declares them (``param_count``), vdpcp's toy tower's where it
-    builds that one, else unknown (0)."""
-    declared = _declared(case, "param_count")
+    """The tower's parameters: as the implementation's sizing declares them (``sizing.param_count``), vdpcp's toy
+    tower's where it builds that one, else unknown (0)."""
+    impl = _implementation(case)
+    declared = impl.sizing.param_count(case) if impl is not None else None
     if declared is not None:
         return int(declared)
-    from vdpcp.contract.protocol import builds_toy_tower
-    from vdpcp.impls import ImplError, resolve
-
-    try:
-        toy = builds_toy_tower(resolve(case.impl))
-    except ImplError:
-        toy = True
-    return toy_params(case) if toy else 0
+    return toy_params(case) if impl is None or builds_toy_tower(impl) else 0
 
 
 def gpu_count() -> int:

@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from vdpcp.feature.balance import DEFAULT_ALPHA, SPLIT_NAMES, plan_split
+from vdpcp.feature.balance import REAL_TOWER_ALPHA, SPLIT_NAMES, plan_split
 
 GPU_TOWER = dict(patch_dim=16, hidden=1024, heads=16, layers=24, max_grid=64, lm_hidden=2688)
 CPU_TOWER = dict(patch_dim=16, hidden=64, heads=2, layers=2, max_grid=64, lm_hidden=96)
@@ -87,7 +87,7 @@ class Bench:
     downscale: int
     cps: tuple[int, ...]
     reps: int
-    alpha: int = DEFAULT_ALPHA
+    alpha: int = REAL_TOWER_ALPHA
 
     @classmethod
     def configure(cls, args) -> Bench:
