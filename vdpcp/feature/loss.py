@@ -20,9 +20,9 @@ W_r is drawn per (spec seed, CP rank, output) as odd sixteenths: at the vision r
 weights: d L_r / d output, what the gather's backward receives), at the text rows ``text_weights``. The prompt term
 has no path to the tower, so the tower's gradients under the merged loss are those under sum(W_vision * output)
 (``features_loss``), which the exact run (vdpcp.oracle.compare.rounding) and the regrouped reference
-(vdpcp.oracle.compare.regrouped) take, on chunks and regroupings of the outputs a whole stream could not follow. The prompt's gradient is W_r itself (the
-derivative of a weighted sum, an embedding lookup of distinct rows): sixteenths, so its sum over any CP ranks is
-exact in every dtype and it is held bitwise.
+(vdpcp.oracle.compare.regrouped) take, on chunks and regroupings of the outputs a whole stream could not follow.
+The prompt's gradient is W_r itself (the derivative of a weighted sum, an embedding lookup of distinct rows):
+sixteenths, so its sum over any CP ranks is exact in every dtype and it is held bitwise.
 """
 
 from __future__ import annotations
