@@ -212,5 +212,5 @@ class BridgeExaone45(Implementation):
         return Ownership(tuple(owner), tuple(tokens), (0,) * config.context_parallel_size)
 
 
-# A regression fixture: vdpcp must report what the released forward does at CP > 1 (docs/found.md).
+# A regression fixture: vdpcp must report what the released forward does at CP > 1 (docs/known-limits.md).
 bridge_exaone45 = BridgeExaone45("bridge-exaone45")
