@@ -17,13 +17,8 @@
 #   (IMAGE_IMPL: other subjects than the current shipped ones; IMAGE_K: only case ids holding it)
 set -u
 ALL="install matrix real section"
-out=${OUT:-reports/gpu}
-if [ "${1:-}" = --out ]; then
-    out=${2:?"gpu-image.sh: --out needs a folder"}
-    shift 2
-fi
-steps=${*:-$ALL}
-mkdir -p "$out"
+. "$(dirname "${BASH_SOURCE[0]}")/lib/args.sh"
+parse_steps gpu-image.sh "$ALL" "$@"
 out=$(cd "$out" && pwd)
 wheels=$(cd .whl && pwd) || { echo "gpu-image.sh: no .whl/ folder of wheels" >&2; exit 2; }
 impls=${IMAGE_IMPL:-reference mcore qwen2_5_vl automodel automodel-shipped nemotron-omni bridge-qwen3-vl}

@@ -39,16 +39,8 @@
 set -u
 ALL="job suite nccl-cp1 bf16 real real-f32 real-mutants sensitivity faults ab memory"
 SUBJECTS="reference mcore qwen2_5_vl automodel automodel-shipped nemotron-omni bridge-qwen3-vl"
-out=${OUT:-reports/gpu}
-if [ "${1:-}" = --out ]; then
-    out=${2:?"gpu-record.sh: --out needs a folder"}
-    shift 2
-fi
-steps=${*:-$ALL}
-for s in $steps; do
-    case " $ALL " in *" $s "*) ;; *) echo "gpu-record.sh: unknown step $s; expected some of: $ALL" >&2; exit 2 ;; esac
-done
-mkdir -p "$out"
+. "$(dirname "${BASH_SOURCE[0]}")/lib/args.sh"
+parse_steps gpu-record.sh "$ALL" "$@"
 
 if [ -d .whl ] && [ ! -d /tmp/site ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

@@ -4,7 +4,7 @@
 # the parallel layout and the TP reference, each against the tests that reach it. Prints each module's score, the survivors (with their diffs) and the time; exits 1 when the score
 # over non-equivalent mutants is below the target.
 #
-#   scripts/mutation.sh                    # every module below, 2 workers (hours here: see docs/mutation.md)
+#   scripts/mutation.sh                    # every module below, 2 workers (hours: see docs/mutation.md)
 #   scripts/mutation.sh oracle layout      # some of them
 #   MUTATION_WORKERS=1 MUTATION_DIR=/tmp/m scripts/mutation.sh
 #   MUTATION_FROM=/tmp/m MUTATION_DIR=/tmp/m2 scripts/mutation.sh saved   # re-run only /tmp/m's survivors
@@ -13,7 +13,7 @@
 # MUTATION_FROM: a previous run's folder; each module whose source is unchanged since then re-runs only that
 # run's survivors (against the current tests) and keeps its other results; a changed module runs in full.
 # MUTATION_SURVIVORS_ONLY=1 with it: mutants that run never reached stay unrun (reported as not run).
-# MUTATION_RESUME=1: MUTATION_DIR holds a run that stopped partway (a session ended, a machine went away); its
+# MUTATION_RESUME=1: MUTATION_DIR holds a run that stopped partway (cut off, or its machine went away); its
 # results are kept and only the mutants it never reached run, against the current tests. A module whose source
 # changed since that run began is refused: its mutants would no longer be the ones on record.
 #
@@ -27,13 +27,13 @@
 # Operators: cosmic-ray's core set, less those that only multiply runs: binary operators are replaced by their
 # inverse only (+ -, * /, // /, % //, ** *, | &), comparisons by their boundary and negation (< <=, < >=, == !=,
 # is is-not, in not-in), unary operators removed or negated, and VariableReplacer/Inserter (random values) left
-# out. 1,332 mutants over the thirteen modules of 2026-12-01, and sketch.py since. Lines marked "# pragma: no mutate" are skipped (none are, today).
+# out. Lines marked "# pragma: no mutate" are skipped.
 #
 # Surviving mutants are argued equivalent, or killed by a test, in docs/mutation.md; the ones argued equivalent
 # are listed in scripts/mutation-equivalent.txt as "module|operator|source line" (the line as written, stripped),
 # so that the figure survives the code moving and a re-run after a merge names only the new survivors.
 #
-# Not part of the default CI run (it is a measurement, hours on this project's 2-core machine).
+# Not part of the default CI run: it is a measurement, and takes hours.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 workers=${MUTATION_WORKERS:-2}
@@ -61,8 +61,10 @@ oracle_tests="tests/oracle tests/unit/test_oracle_weights.py tests/distributed/t
   tests/distributed/test_execution.py tests/distributed/test_low_precision.py
   tests/unit/test_duck_parts.py::test_a_duck_whose_stated_plan_is_not_what_ran_is_a_plan_mismatch
   tests/unit/test_model_cache.py::test_a_rank_reuses_its_model_in_the_next_case_and_a_case_that_changes_it_fails"
+declare -A oracle_file=([arms]=arms [unsharded]=unsharded [weights]=compare/weights [execution]=observe/execution
+  [split]=observe/split [gradients]=compare/gradients [telemetry]=observe/telemetry [failures]=failures)
 for part in $oracle_parts; do
-    module[$part]=vdpcp/oracle/${part#oracle_}.py
+    module[$part]=vdpcp/oracle/${oracle_file[${part#oracle_}]}.py
     tests[$part]=$oracle_tests
 done
 module[precision]=vdpcp/oracle/compare/precision.py
@@ -107,7 +109,7 @@ tests[saved]="tests/fuzz/test_saved_cp.py tests/fuzz/test_capture.py
   tests/fuzz/test_regressions.py::test_every_saved_regression_describes_its_case_and_failure"
 module[capture]=vdpcp/tools/capture.py
 tests[capture]="tests/fuzz/test_capture.py tests/fuzz/test_saved_cp.py"
-module[impls]=vdpcp/impls/__init__.py
+module[impls]=vdpcp/impls/registry.py
 tests[impls]="tests/unit/test_impls.py tests/unit/test_duck_parts.py"
 module[layout]=vdpcp/feature/layout.py
 tests[layout]="tests/unit/test_layout.py tests/ab/test_loss_split.py"

@@ -1,6 +1,6 @@
-"""docs/found.md, the bugs vdpcp found in released or public code: every row's replay, run as the row's command runs
-it, still fails, and the way its file says it failed when it was recorded (vdpcp.tools.fuzz.signature, the file's
-``expect.signature``); every saved case under docs/found is a row's; a row without a replay says why."""
+"""docs/known-limits.md's table of the bugs vdpcp found in released or public code: every row's replay, run as the
+row's command runs it, still fails, and the way its file says it failed when it was recorded (vdpcp.tools.fuzz.signature,
+the file's ``expect.signature``); every saved case under docs/found is a row's; a row without a replay says why."""
 
 import re
 from pathlib import Path
@@ -12,7 +12,7 @@ from vdpcp.matrix.runner import run_judged
 from vdpcp.tools.fuzz import signature
 
 ROOT = Path(__file__).resolve().parents[2]
-FOUND = ROOT / "docs" / "found.md"
+FOUND = ROOT / "docs" / "known-limits.md"
 REPLAY = re.compile(r"`\./run vdpcp replay (?P<path>\S+\.json)(?P<flags>[^`]*)`")
 
 

@@ -1,7 +1,7 @@
 """Megatron-Bridge's released EXAONE 4.5 vision DP over CP (vdpcp.impls.bridge_exaone45), a regression fixture: the
 functions run are the installed package's own files, Bridge's forward around transformers' tower gives the tower's
 features at CP 1 and shards by Bridge's own split; at CP > 1 with an image the release's call into its gather
-raises, which vdpcp reports as an error on every rank (docs/found.md); and the installed package's vision-DP-over-CP
+raises, which vdpcp reports as an error on every rank (docs/known-limits.md); and the installed package's vision-DP-over-CP
 paths are the ones vdpcp holds."""
 
 import importlib

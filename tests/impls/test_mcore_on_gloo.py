@@ -63,7 +63,7 @@ def test_check_names_it_in_the_json_per_case_and_rank_in_the_junit_and_under_the
 
 
 def test_mcores_tubelet_give_up_fails_on_its_outputs_and_names_the_stale_plan_never_an_error_in_the_checker():
-    """MCore's split gives up and keeps stale split points (docs/found.md): its stated plan puts a rank's rows past
+    """MCore's split gives up and keeps stale split points (docs/known-limits.md): its stated plan puts a rank's rows past
     the gathered outputs. The checks that compare them must say so, not raise inside vdpcp's regrouped run."""
     from pathlib import Path
 

@@ -195,8 +195,8 @@ class WorkerPool:
         """Why these workers' process groups may not carry the next case, or None if they are sound (soundness.py).
 
         The echo runs in a rebuilt world group: destroying the old groups waits for any op still in flight in
-        them (measured on gloo: mismatched async ops on all ranks leave equal counts, and the next rebuild hung),
-        so that wait falls inside this check's short timeout instead of the next case's long one.
+        them (mismatched async ops on all ranks leave equal counts, which the census cannot tell), so that wait
+        falls inside this check's short timeout instead of the next case's long one.
         """
         census = self._run_on(workers, spec, pickle.dumps((soundness.census, (), {})), SOUNDNESS_TIMEOUT_S, 0.0, False)
         unsound = soundness.census_verdict(census)
@@ -216,8 +216,8 @@ class WorkerPool:
         The grace is at least as long as the failed rank had run: a peer merely behind it reaches the same point in
         about that time, and a peer stuck on the failed one costs at most that long again. A peer still in a
         stretch its case marked as set-up (worker.setting_up: building its model, creating its CUDA context) is
-        behind whatever its grace: it gets its grace from when that stretch ends (measured on the H200 at -n 16:
-        two ranks with their model cached raised at once, the two building theirs were still at it 3 s later).
+        behind whatever its grace: it gets its grace from when that stretch ends (peers with their model cached
+        can raise long before the ones still building theirs are done).
         """
         pending = {w.rank: w for w in workers}
         outcomes: dict[int, Outcome] = {}

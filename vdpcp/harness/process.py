@@ -48,10 +48,8 @@ def zygote_command(fd: int, directory: Path, preload: tuple[str, ...],
     them: the zygote imports nothing)."""
     env = dict(os.environ, **_ONE_THREAD, VDPCP_HARNESS_WORKER="1", PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p))
-    # A preloaded module that asks torch.cuda.is_available() at import (megatron-core does) then asks NVML, not
-    # the CUDA runtime: the runtime's device count registers torch's fork handler, which marks every worker
-    # forked later unable to use CUDA. torch documents the NVML check as fork-safe; workers see the caller's
-    # environment again from their first case. On a machine without NVML torch falls back to the runtime.
+    # A preload that asks torch.cuda.is_available() at import (megatron-core does) then asks NVML, which torch
+    # documents as fork-safe, not the CUDA runtime, whose fork handler would leave every later worker without CUDA.
     env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     argv = [sys.executable, "-m", "vdpcp.harness.zygote", str(fd), str(os.getpid()), str(directory)]
     if threading.current_thread() is threading.main_thread():
@@ -61,10 +59,8 @@ def zygote_command(fd: int, directory: Path, preload: tuple[str, ...],
     if after_fork:
         argv.append(f"--after-fork={','.join(after_fork)}")
     if config.cuda_device_count() > 0:
-        # Where CUDA is visible, torch's NVML-based device count (torch.utils.cpp_extension, megatron-core, at
-        # import) leaves the CUDA driver's own thread behind (named cuda000018...). Measured on the H200
-        # (reports/gpu/README.md): children forked after it run CUDA tensor ops, gloo with CUDA
-        # tensors and NCCL. So it is tolerated there, and the zygote proves each start's forks usable (--cuda).
+        # The NVML-based device count leaves the CUDA driver's own thread behind, which children forked past can
+        # live with: so it is tolerated here, and the zygote proves each start's forks usable (--cuda).
         tolerate_threads = tuple(dict.fromkeys((*tolerate_threads, CUDA_DRIVER_THREAD)))
         argv.append("--cuda")
     if tolerate_threads:

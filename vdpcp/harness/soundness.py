@@ -41,10 +41,9 @@ def census(ctx) -> dict[str, tuple[list[int], int]]:
 def echo(ctx, nonce: int) -> list[list[int]]:
     """On each rank: every rank's (rank, nonce), all_gathered over the world group: on the rank's GPU under NCCL,
     on the CPU under gloo, whose groups carry either alike. A gloo rank on a shared GPU (VDPCP_DEVICE=cuda) whose
-    case raised before touching CUDA would otherwise create its CUDA context here, seconds where many processes
-    do so at once (the likely cause of two H200 failures with the suite at -n 16: each rank's check still running
-    at the 5 s it is allowed, so sound workers were re-forked); census has already synchronised any device a case
-    used."""
+    case raised before touching CUDA would otherwise create its CUDA context here, which can take longer than the
+    check is allowed where many processes do so at once, and sound workers would be re-forked; census has already
+    synchronised any device a case used."""
     import torch
     import torch.distributed as dist
 

@@ -64,8 +64,7 @@ def release_libraries(destroy_groups: bool = True) -> None:
     """Tear down MCore's model-parallel groups if the case set them up, so the next case can again.
 
     destroy_model_parallel only forgets MCore's groups: c10d keeps every one, and each gloo group its threads and
-    sockets. Measured at CP 8: 20 groups, 60 threads and 120 descriptors a rank per MCore case, 1,200 threads a rank
-    after 20 cases, and a load average of 250 on this 2-core machine once workers lived long. So after a case that
+    sockets, which pile up in a long-lived worker over MCore's many groups a case. So after a case that
     returned, the groups MCore holds are destroyed too; after one that raised, a peer may still be inside one of
     them, and destroying it could wait on that peer: they are left to the pool (soundness check or re-fork).
     """

@@ -22,10 +22,8 @@ from vdpcp.harness.messages import READY, SET_UP, SETTING_UP, Task
 from vdpcp.harness.outcome import capture, pickled
 
 PR_SET_NAME, PR_SET_PDEATHSIG = 15, 1
-# gloo connects a group's peers at its first collective instead of all of them when the group is made (torch's
-# documented TORCH_GLOO_LAZY_INIT; torch 2.6, the declared floor, has no such variable and connects eagerly). MCore
-# makes about 20 groups a case and its vision path uses two, so an eager full mesh each would be most of an MCore
-# case's time, spent waiting. A caller's value wins.
+# gloo then connects a group's peers at its first collective, not when the group is made: MCore makes many groups
+# a case and its vision path uses two, so an eager full mesh each is mostly waiting. A caller's value wins.
 RANK_DEFAULTS = {"TORCH_GLOO_LAZY_INIT": "1"}
 _conn: Connection | None = None  # to the caller, in a worker; None elsewhere (the caller's own process, torchrun)
 

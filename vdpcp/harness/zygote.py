@@ -2,8 +2,8 @@
 [--after-fork=MODULE,...] [--tolerate-threads=PREFIX,...] [--cuda]``.
 
 One fresh process per pool imports torch once, then forks a rank worker whenever the caller asks, so a
-worker costs milliseconds and shares torch's memory copy-on-write instead of paying a 2.5 s import and
-about 280 MB of its own. It is safe to fork because it stays single-threaded, never touches CUDA and
+worker costs milliseconds and shares torch's memory copy-on-write instead of paying torch's import and
+memory of its own. It is safe to fork because it stays single-threaded, never touches CUDA and
 never runs a case (its environment pins OpenMP/BLAS to one thread, so importing torch starts none).
 Modules named by --preload are imported too, after torch, one at a time. The first import after which forking
 would be unsafe (it left a thread, unless the thread's OS name starts with a prefix given by --tolerate-threads,

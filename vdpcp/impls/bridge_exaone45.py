@@ -44,6 +44,7 @@ from vdpcp.impls.bridge_qwen3_vl import (
     BridgeInputs,
     LanguageProbe,
     forward_arguments,
+    split_ownership,
     watching,
 )
 from vdpcp.impls.qwen2_5_vl import (
@@ -51,7 +52,6 @@ from vdpcp.impls.qwen2_5_vl import (
     MERGE,
     TEMPORAL_PATCH,
     built,
-    media_items,
     param_count,
     qwen2_5_vl,
     seed_of,
@@ -197,26 +197,11 @@ class BridgeExaone45(Implementation):
             return model(**args)
 
     def plan(self, spec, config) -> Ownership | None:
-        """Bridge's own split (the release's ``Exaone45_cp_split``, on the microbatch's grids): how many images and
-        temporal patches each rank takes, in order; every frame of a temporal patch goes with it."""
+        """Bridge's own split (the release's ``Exaone45_cp_split``, a copy of Qwen3-VL's): ``split_ownership``."""
         if config.context_parallel_size == 1:
             return None
-        items = media_items(spec)
-        units = [(m, k) for m in items for k in range(m.grid_thw[0])]  # (media item, temporal patch)
-        if not units:  # Bridge splits nothing: no rank has an image
-            return Ownership((), (), (0,) * config.context_parallel_size)
-        grids = torch.tensor([m.grid_thw for m in items], dtype=torch.long)
-        patches = torch.zeros(int(grids.prod(dim=1).sum()), 1)
-        _, _, per_rank, _ = self.release()[UTILS].Exaone45_cp_split(config.context_parallel_size, patches, grids)
-        owner, tokens = [0] * len(spec.images), [0] * len(spec.images)
-        ranks = [rank for rank, n in enumerate(per_rank) for _ in range(n)]
-        for (m, k), rank in zip(units, ranks):
-            first = m.first_row + k * TEMPORAL_PATCH
-            frames = range(first, min(first + TEMPORAL_PATCH, m.first_row + m.frames))
-            owner[frames.start : frames.stop] = [rank] * len(frames)
-            tokens[first] = m.tokens // m.grid_thw[0]
-        return Ownership(tuple(owner), tuple(tokens), (0,) * config.context_parallel_size)
+        return split_ownership(spec, config.context_parallel_size, self.release()[UTILS].Exaone45_cp_split)
 
 
-# A regression fixture: vdpcp must report what the released forward does at CP > 1 (docs/found.md).
+# A regression fixture: vdpcp must report what the released forward does at CP > 1 (docs/known-limits.md).
 bridge_exaone45 = BridgeExaone45("bridge-exaone45")

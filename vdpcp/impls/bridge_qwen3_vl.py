@@ -285,25 +285,31 @@ class BridgeQwen3VL(Implementation):
             return model(**args)
 
     def plan(self, spec, config) -> Ownership | None:
-        """Bridge's own split (the release's ``qwen3vl_cp_split``, on the microbatch's grids): how many images and
-        temporal patches each rank takes, in order; every frame of a temporal patch goes with it."""
+        """Bridge's own split (the release's ``qwen3vl_cp_split``): ``split_ownership``."""
         if not config.shard_vision:
             return None
-        items = media_items(spec)
-        units = [(m, k) for m in items for k in range(m.grid_thw[0])]  # (media item, temporal patch)
-        if not units:  # Bridge splits nothing: no rank has an image
-            return Ownership((), (), (0,) * config.context_parallel_size)
-        grids = torch.tensor([m.grid_thw for m in items], dtype=torch.long)
-        patches = torch.zeros(int(grids.prod(dim=1).sum()), 1)
-        _, _, per_rank, _ = self.release()[UTILS].qwen3vl_cp_split(config.context_parallel_size, patches, grids)
-        owner, tokens = [0] * len(spec.images), [0] * len(spec.images)
-        ranks = [rank for rank, n in enumerate(per_rank) for _ in range(n)]
-        for (m, k), rank in zip(units, ranks):
-            first = m.first_row + k * TEMPORAL_PATCH
-            frames = range(first, min(first + TEMPORAL_PATCH, m.first_row + m.frames))
-            owner[frames.start : frames.stop] = [rank] * len(frames)
-            tokens[first] = m.tokens // m.grid_thw[0]
-        return Ownership(tuple(owner), tuple(tokens), (0,) * config.context_parallel_size)
+        return split_ownership(spec, config.context_parallel_size, self.release()[UTILS].qwen3vl_cp_split)
+
+
+def split_ownership(spec, cp: int, cp_split) -> Ownership:
+    """Whose each microbatch row is under one of Bridge's CP splits (``cp_split``: the release's ``qwen3vl_cp_split``
+    or a model's copy of it, called on the microbatch's grids): how many images and temporal patches each rank takes,
+    in order; every frame of a temporal patch goes with it."""
+    items = media_items(spec)
+    units = [(m, k) for m in items for k in range(m.grid_thw[0])]  # (media item, temporal patch)
+    if not units:  # Bridge splits nothing: no rank has an image
+        return Ownership((), (), (0,) * cp)
+    grids = torch.tensor([m.grid_thw for m in items], dtype=torch.long)
+    patches = torch.zeros(int(grids.prod(dim=1).sum()), 1)
+    _, _, per_rank, _ = cp_split(cp, patches, grids)
+    owner, tokens = [0] * len(spec.images), [0] * len(spec.images)
+    ranks = [rank for rank, n in enumerate(per_rank) for _ in range(n)]
+    for (m, k), rank in zip(units, ranks):
+        first = m.first_row + k * TEMPORAL_PATCH
+        frames = range(first, min(first + TEMPORAL_PATCH, m.first_row + m.frames))
+        owner[frames.start : frames.stop] = [rank] * len(frames)
+        tokens[first] = m.tokens // m.grid_thw[0]
+    return Ownership(tuple(owner), tuple(tokens), (0,) * cp)
 
 
 @contextmanager

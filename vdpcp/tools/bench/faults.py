@@ -6,10 +6,10 @@ or raises on every rank before its collective (as a subject importing a name the
 did, on every rank of every case); or raises on rank 1 only, so the others wait in the all_gather until the
 fault grace ends and are taken as hung. Each configuration gets a pool of its own:
 
-- preload ``none`` is what a GPU machine gets today (the zygote imports torch only, so a fresh worker pays
-  the imports again inside its next case); ``case`` preloads the imports into the zygote (on a GPU machine
+- preload ``none``: the zygote imports torch only, so a fresh worker pays the imports again inside its next
+  case; ``case`` preloads the imports into the zygote (on a GPU machine
   only with ``--tolerate-threads``, see vdpcp.harness.forkcheck);
-- reuse ``off`` re-forks the workers after every fault (the harness before it checked soundness); ``on``
+- reuse ``off`` re-forks the workers after every fault; ``on``
   keeps them when every rank returned and the process groups check sound (vdpcp/harness/soundness.py).
 
 A fault's cost is measured where it is paid: the faulted case plus the passing case after it (which forks the

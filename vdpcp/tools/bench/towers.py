@@ -63,7 +63,7 @@ def run(args) -> int:
     rows, started = [], time.monotonic()
     for case in cases:
         begun = time.monotonic()
-        try:  # run_judged sizes the case before any rank starts: one over this machine is a line, not the end
+        try:  # run_judged sizes the case before any rank starts: one too large is a line, not the end
             with contextlib.redirect_stdout(io.StringIO()):
                 judged = run_judged(case, timeout=args.timeout)
         except SpecTooLarge as err:
