@@ -24,6 +24,8 @@ import pickle
 import statistics
 import time
 
+from vdpcp.cli.exit_codes import Exit
+
 CONFIGS = ("none/off", "none/on", "case/off", "case/on")
 TARGET_S = 1.0
 
@@ -67,7 +69,7 @@ def run(args) -> int:
                     json.dump({"world_size": args.world_size, "device": device, "grace_s": grace, "modules": modules,
                                "rows": rows}, out, indent=2)
     _print_table(rows, grace)
-    return 0
+    return Exit.PASSED
 
 
 def case_modules() -> tuple[str, ...]:

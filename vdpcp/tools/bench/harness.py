@@ -18,6 +18,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from vdpcp.cli.exit_codes import Exit
+
 
 def add_arguments(parser) -> None:
     from vdpcp.cli import POSITIVE, RANKS
@@ -43,7 +45,7 @@ def run(args) -> int:
         rows += [("MultiProcessTestCase, spawn per test (per case)", f"{per_spawn:.2f} s"),
                  ("ratio, per case", f"{per_spawn / warm_s:,.0f}x cheaper")]
     _print_table(rows)
-    return 0
+    return Exit.PASSED
 
 
 def gather_ranks(ctx):

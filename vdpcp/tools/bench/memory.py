@@ -21,6 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from vdpcp.cli.exit_codes import Exit
 from vdpcp.feature.balance import REAL_TOWER_ALPHA, SPLIT_NAMES, plan_split
 
 GPU_TOWER = dict(patch_dim=16, hidden=1024, heads=16, layers=24, max_grid=64, lm_hidden=2688)
@@ -58,7 +59,7 @@ def run(args) -> int:
         (out / "results.json").write_text(json.dumps(result.to_dict(), indent=1) + "\n")
         (out / "tables.md").write_text(bench.describe() + "\n\n" + tables + "\n")
         print(f"wrote {out / 'results.json'} and {out / 'tables.md'}")
-    return 0
+    return Exit.PASSED
 
 
 @dataclass

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from vdpcp.cli import DTYPES, IMPL_HELP, RANKS, TOWER_HELP, add_run_options, checked_impls, checked_tower, number
+from vdpcp.cli.exit_codes import Exit
 from vdpcp.impls import CURRENT
 
 GRID = tuple(10.0**-k for k in range(12, 0, -1))  # 1e-12 .. 1e-1, ascending
@@ -88,7 +89,7 @@ def run(args) -> int:
     print(f"{len(rows)} thresholds in {time.monotonic() - started:.1f} s; the grid {_grid(grid)}")
     if args.json:
         write(args.json, rows, time.monotonic() - started, grid)
-    return 0 if ok else 1
+    return Exit.PASSED if ok else Exit.FAILED
 
 
 def chosen(impl: str, cp: int, tower: str, match: str, dtype: str, backend):

@@ -29,6 +29,7 @@ from vdpcp.cli import (
     checked_impls,
     checked_tower,
 )
+from vdpcp.cli.exit_codes import Exit
 from vdpcp.impls import CURRENT
 
 GiB = 2**30
@@ -80,7 +81,7 @@ def run(args) -> int:
         print(text)
     if args.json:
         write(args.json, rows, wall)
-    return 0 if all(r["passing"] for r in rows) else 1
+    return Exit.PASSED if all(r["passing"] for r in rows) else Exit.FAILED
 
 
 def write(path: Path, rows: list[dict], wall: float) -> None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from vdpcp.cli.exit_codes import Exit
+
 if TYPE_CHECKING:
     from vdpcp.feature.plan import Plan
 
@@ -107,4 +109,4 @@ def run(args) -> int:
     spec = generate(args.dataset, args.seed)
     print(f"{spec.name}: {len(spec.images)} images, {sum(spec.row_patches)} patches at P={spec.patch_dim}; bf16 (2 bytes)")
     print(wire_table(spec, cps, SPLIT_NAMES[:2]))
-    return 0
+    return Exit.PASSED
