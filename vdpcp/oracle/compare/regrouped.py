@@ -217,25 +217,9 @@ def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: 
     """Hold this rank's outputs (and, with ``grads`` and an exact backward, its parameter gradients, and with
     ``pixels`` its input gradients) to the regrouped run of its own media; failures go to ``result.failures``, what
     was held to ``result.exact``."""
-    encoded, cp_rank = {}, result.cp_rank
     _same_copies(result, out, cp_group)
-
-    def counts_of(rows: list[int]) -> int:
-        if not rows:
-            return 0  # nothing of its own: no encode (an empty microbatch is a limit of some towers)
-        try:
-            with Execution(model) as ran:  # the rows the regrouped run's tower takes
-                encoded["run"] = _encode(impl, model, batch, rows)
-            encoded["rows"] = ran.rows
-        except Exception as err:  # said below; the count still goes out, so no rank waits on this one
-            encoded["error"] = f"{type(err).__name__}: {err}"
-            return -1
-        return next(iter(encoded["run"][1].values())).shape[0]
-
-    own = mine(plan, read, cp_rank, cp_group, counts_of)
-    if own.rows and own.tokens is not None and not encoded:
-        counts_of(own.rows)
-    whose = f"rank {result.rank} (CP rank {cp_rank})'s own rows {_rows(own.rows)}"
+    own, encoded = _own_media(result, impl, model, batch, plan, read, cp_group)
+    whose = f"rank {result.rank} (CP rank {result.cp_rank})'s own rows {_rows(own.rows)}"
     if "error" in encoded:
         result.failures.append(f"exact (regrouped): {whose} could not be encoded unsharded: {encoded['error']}")
         return
@@ -261,30 +245,60 @@ def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: 
         ulps = max(ulps, EXTRA_ROWS_ULPS)
     if grads and exact_grads(result):
         received = {name: sum(w)[tokens] for name, w in weights.items()}  # the gather's backward: the sum over ranks
-        named = list(model.named_parameters())
-        params = [p for _, p in named]
-        merged = loss.features_loss(ref_out, received)  # the case's merged loss, as the tower sees it
-        inputs = [sub.patches] if pixels else []
-        want = torch.autograd.grad(merged, [*inputs, *params], allow_unused=True, retain_graph=True)
-        picked = patch_index([int(c) for c in batch.cu_seqlens], own.rows).to(batch.patches.device) if pixels else None
-        got = ([grad_or_zeros(batch.patches)[:, picked]] if pixels else []) + [grad_or_zeros(p) for p in params]
-        # Equal: held. Not equal: the same backward again, for where it does not repeat itself bit for bit (a kernel
-        # with no deterministic path that said nothing) no bitwise verdict on gradients can be fair, and they are
-        # left to the other checks. Run again only then: a correct run pays for one backward here, not two.
-        same = within_ulps(got, or_zeros(want, [*inputs, *params]), ulps)
-        if same or _repeats(want, torch.autograd.grad(merged, [*inputs, *params], allow_unused=True)):
-            if not (same and ulps == 0):  # bitwise all together is bitwise each; else each part is judged alone
-                if pixels:
-                    _exact(result, "input grads", whose, got[0], want[0], ulps)
-                _exact_params(result, whose, named, want[len(inputs):], ulps)
+        if _hold_grads(result, whose, model, batch, sub, ref_out, received, own.rows, ulps, pixels):
             held = f"outputs, {'input and ' if pixels else ''}parameter gradients"
-        else:
-            result.deterministic = f"{result.deterministic}, but the regrouped run's backward did not repeat itself"
     why = [f"its tower took {extra} rows besides its media"] if extra > 0 else []
     why += [f"output {a!r} is computed from {b!r} after the gather" for a, b in derived[:1]]
     how = f"within {ulps} units of rounding ({'; '.join(why)})" if ulps else "bitwise"
     result.exact = f"{held} {how}, rows {_rows(own.rows)}" + (
         "" if held != "outputs" or not grads else f"; gradients not (deterministic: {result.deterministic})")
+
+
+def _own_media(result, impl, model, batch, plan, read, cp_group) -> tuple[Mine, dict]:
+    """This rank's own media (mine) and their regrouped run: ``encoded`` holds the run, the rows its tower took,
+    or the error it raised (said by the caller; the count still goes out, so no rank waits on this one)."""
+    encoded = {}
+
+    def counts_of(rows: list[int]) -> int:
+        if not rows:
+            return 0  # nothing of its own: no encode (an empty microbatch is a limit of some towers)
+        try:
+            with Execution(model) as ran:  # the rows the regrouped run's tower takes
+                encoded["run"] = _encode(impl, model, batch, rows)
+            encoded["rows"] = ran.rows
+        except Exception as err:
+            encoded["error"] = f"{type(err).__name__}: {err}"
+            return -1
+        return next(iter(encoded["run"][1].values())).shape[0]
+
+    own = mine(plan, read, result.cp_rank, cp_group, counts_of)
+    if own.rows and own.tokens is not None and not encoded:
+        counts_of(own.rows)
+    return own, encoded
+
+
+def _hold_grads(result, whose: str, model, batch, sub, ref_out, received, rows, ulps: int, pixels: bool) -> bool:
+    """This rank's parameter (and, with ``pixels``, input) gradients against the regrouped run's, given the gradient
+    its rows received; whether they were held (not: the regrouped backward does not repeat itself bit for bit)."""
+    named = list(model.named_parameters())
+    params = [p for _, p in named]
+    merged = loss.features_loss(ref_out, received)  # the case's merged loss, as the tower sees it
+    inputs = [sub.patches] if pixels else []
+    want = torch.autograd.grad(merged, [*inputs, *params], allow_unused=True, retain_graph=True)
+    picked = patch_index([int(c) for c in batch.cu_seqlens], rows).to(batch.patches.device) if pixels else None
+    got = ([grad_or_zeros(batch.patches)[:, picked]] if pixels else []) + [grad_or_zeros(p) for p in params]
+    # Equal: held. Not equal: the same backward again, for where it does not repeat itself bit for bit (a kernel
+    # with no deterministic path that said nothing) no bitwise verdict on gradients can be fair, and they are
+    # left to the other checks. Run again only then: a correct run pays for one backward here, not two.
+    same = within_ulps(got, or_zeros(want, [*inputs, *params]), ulps)
+    if not (same or _repeats(want, torch.autograd.grad(merged, [*inputs, *params], allow_unused=True))):
+        result.deterministic = f"{result.deterministic}, but the regrouped run's backward did not repeat itself"
+        return False
+    if not (same and ulps == 0):  # bitwise all together is bitwise each; else each part is judged alone
+        if pixels:
+            _exact(result, "input grads", whose, got[0], want[0], ulps)
+        _exact_params(result, whose, named, want[len(inputs):], ulps)
+    return True
 
 
 def derived_outputs(out: dict, reach: int = 64) -> list[tuple[str, str]]:
