@@ -22,6 +22,7 @@ from vdpcp.feature.spec import MicrobatchSpec
 from vdpcp.harness import run_ranks
 from vdpcp.matrix.case import RankResult
 from vdpcp.oracle.compare import gradients
+from vdpcp.oracle.context import Arm
 from vdpcp.oracle.observe import execution, split
 
 HIDDEN = 6
@@ -101,7 +102,7 @@ def ownership_on_every_rank(ctx):
     read = torch.ones(ctx.world_size, 6, dtype=torch.bool)
     result = RankResult(ctx.rank, cp_rank=ctx.rank)
     holders = comm.all_reduce_sum(gradients._holding(batch, grad, ctx.world_size, ctx.rank), ctx.group)
-    gradients._check_ownership(result, batch, grad, grad, None, read, holders, 0.0)
+    gradients._check_ownership(Arm(rank=result.rank, cp_rank=result.cp_rank, result=result), batch, grad, grad, None, read, holders, 0.0)
     return result.failures
 
 
@@ -144,7 +145,7 @@ def _ownership_of(rows: int) -> str:
     grad = torch.ones_like(batch.patches)
     both = torch.ones(2, rows)
     result = RankResult(0, cp_rank=0)
-    gradients._check_ownership(result, batch, grad, grad, None, both.bool(), both, 0.0)
+    gradients._check_ownership(Arm(rank=result.rank, cp_rank=result.cp_rank, result=result), batch, grad, grad, None, both.bool(), both, 0.0)
     (said,) = result.failures
     return said
 
@@ -169,7 +170,8 @@ def _ownership(cp_rank, holders, read, grad, ref_grad):
     batch = MicrobatchSpec(images=((4, 4),) * 3, name="three").tensors()
     result = RankResult(cp_rank, cp_rank=cp_rank)
     grad, ref_grad = grad(batch.patches), ref_grad(batch.patches)
-    gradients._check_ownership(result, batch, grad, ref_grad, None, torch.tensor(read), torch.tensor(holders, dtype=torch.float64), 0.0)
+    gradients._check_ownership(Arm(rank=result.rank, cp_rank=result.cp_rank, result=result), batch, grad, ref_grad,
+                                None, torch.tensor(read), torch.tensor(holders, dtype=torch.float64), 0.0)
     return result.failures
 
 

@@ -18,6 +18,7 @@ from vdpcp.matrix.runner import run_case
 from vdpcp.matrix.scenarios import matrix
 from vdpcp.oracle import unsharded
 from vdpcp.oracle.compare import regrouped, rounding
+from vdpcp.oracle.context import Arm
 
 VIDEO = MicrobatchSpec(images=((8, 8),) * 5 + ((8, 12),) * 2, num_frames=(3, 1, 1, 2), temporal_patch_size=2, seed=3,
                        name="video")
@@ -105,12 +106,14 @@ def test_an_op_with_no_deterministic_kernel_reruns_the_unsharded_arm_under_warn_
     result = RankResult(0)
     with regrouped.deterministic(cpu, result, model):
         assert _flags() == (True, False)
-        ref = unsharded.run_unsharded(impl, case, model, spec, result, 0, cpu, oracle.Clock(result))
+        ref = unsharded.run_unsharded(Arm(impl, case, model, torch.float64, cpu, clock=oracle.Clock(result),
+                                          result=result), spec)
         assert _flags() == (True, True)
     assert _flags() == before
     assert ref is not None and result.unsharded_error is None, result.unsharded_error
     assert result.deterministic == "on, but put_ has none" and not regrouped.exact_grads(result)
-    plain = unsharded.run_unsharded(impl, case, model, spec, RankResult(0), 0, cpu, oracle.Clock(RankResult(0)))
+    plain = unsharded.run_unsharded(Arm(impl, case, model, torch.float64, cpu, clock=oracle.Clock(RankResult(0)),
+                                        result=RankResult(0)), spec)
     assert all(torch.equal(a, b) for a, b in zip(ref.grads, plain.grads))  # no gradient left over from the refusal
     later = RankResult(0)
     with regrouped.deterministic(cpu, later, model):
@@ -150,7 +153,8 @@ def test_the_rounding_measurement_runs_outside_deterministic_algorithms_and_the_
     impl, cpu = resolve(case.impl), torch.device("cpu")
     model, spec, result = impl.build_model(case, torch.float32, cpu), oracle.replica_spec(case, 0), RankResult(0)
     with regrouped.deterministic(cpu, result, model):
-        ref = unsharded.run_unsharded(impl, case, model, spec, result, 0, cpu, oracle.Clock(result))
+        ref = unsharded.run_unsharded(Arm(impl, case, model, torch.float32, cpu, clock=oracle.Clock(result),
+                                          result=result), spec)
         assert _flags() == (True, False)
     assert ref is not None and measured == [(False, False)], measured
     assert result.deterministic == "on"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
@@ -28,6 +28,7 @@ from vdpcp.oracle.compare.gradients import (
     check_text,
     pixel_extra,
 )
+from vdpcp.oracle.context import Arm, Sharded
 from vdpcp.oracle.failures import fail, fail_into, label
 from vdpcp.oracle.observe import declared_balance as load_balance
 from vdpcp.oracle.observe import gloo_collectives, handed, reads, traffic
@@ -49,18 +50,18 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
         clock, memory = Clock(result, device), Memory(device)
         model, result.model = model_cache.acquire(impl, case.impl, case, dtype, device)
     clock.lap("build")
+    arm = Arm(impl, case, model, dtype, device, ctx.rank, groups.cp_rank, groups.cp, groups.tp_rank, clock, result)
     try:
         with regrouped.deterministic(device, result, model):
             with _turns(ctx, case, result):
-                unsharded = run_unsharded(impl, case, model, replica_spec(case, groups.dp_rank), result, groups.cp_rank,
-                                       device, clock, group=groups.cp)
+                unsharded = run_unsharded(arm, replica_spec(case, groups.dp_rank))
                 if result.turns:  # the next rank's turn needs what this one's cached; else it fits beside it
                     _give_back(ctx)
             sum_shared(unsharded)  # out of the turn: a collective, and a peer may be waiting for its own turn
             memory.phase("unsharded peak")
             if unsharded is not None:
                 with gloo_collectives.on_gloo(groups.cp) as swap:  # uneven collectives on gloo, as on NCCL
-                    _sharded(impl, case, model, unsharded, result, groups, clock, swap)
+                    _sharded(arm, unsharded, swap)
                 result.collectives = gloo_collectives.used(swap)
                 memory.phase("sharded peak")
     finally:
@@ -99,117 +100,90 @@ def _turns(ctx, case: Case, result: RankResult):
     return turn(ctx.device, sharing % at_once)
 
 
-@dataclass(frozen=True)
-class Sharded:
-    """The sharded arm's encode and what it was seen to run: what every check after it reads."""
-
-    impl: object
-    case: Case
-    groups: object
-    ref: Unsharded
-    subject: torch.nn.Module
-    batch: object
-    prompt: object  # the prompt tables, embedded before the encode (vdpcp.feature.loss)
-    out: dict[str, torch.Tensor]
-    ran: Execution
-    copies: object  # traffic.Copies where the implementation moves the pixels, else a null context
-    read: torch.Tensor | None = None  # the read table: [CP ranks, rows] (read_table)
-    replicated_run: bool = False  # every CP rank's tower read every row
-    plan: object = None  # the implementation's plan, None where it is not what ran
-    rank_alone: bool = False  # this rank's own gradients are held to its own share
-    owned: bool = False  # sharding is on and the run was not replicated: each row has one owner
-    may_skip: bool = False  # a rank with no real rows whose implementation says it may skip its tower
-    required: set[str] | None = None  # the layers this rank must have run (required_layers)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return DTYPES[self.case.dtype]
-
-
-def _sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups, clock, swap=None) -> None:
+def _sharded(arm: Arm, ref: Unsharded, swap=None) -> None:
     """The sharded arm on the same weights, and every check against the unsharded one, in the order they run."""
-    run = _encode_sharded(impl, case, model, ref, result, groups, swap)
-    run = _what_ran(run, result)
-    if not _outputs(run, result):
+    run = _what_ran(_encode_sharded(arm, ref, swap))
+    if not _outputs(run):
         return  # every rank stops here alike: no collective hangs
-    written = _backward(run, result)
-    clock.lap("sharded")
+    written = _backward(run)
+    arm.lap("sharded")
     # The comparisons below hold the gradients within tolerances, not bit for bit: deterministic algorithms off
     # (on CUDA the count sketch's index_add_ then takes its atomic kernel, not a sorting one).
     with regrouped.relaxed():
-        pixels = _gradients(run, result, written)
-    clock.lap("gradients")
+        pixels = _gradients(run, written)
+    arm.lap("gradients")
     if run.owned:
-        regrouped.hold(result, impl, run.subject, run.batch, run.out, ref.weights, run.plan, run.read, groups.cp,
-                       grads=True, pixels=pixels)
-        clock.lap("regrouped")
+        regrouped.hold(run, grads=True, pixels=pixels)
+        arm.lap("regrouped")
 
 
-def _encode_sharded(impl, case: Case, model, ref: Unsharded, result: RankResult, groups, swap) -> Sharded:
+def _encode_sharded(arm: Arm, ref: Unsharded, swap) -> Sharded:
     """The sharded encode on fresh pixels, with what it ran and the collectives it issued watched; with sharding
     off, no collective may be issued on the CP group."""
+    impl, case, result = arm.impl, arm.case, arm.result
     config = held_config(impl, case)
     device = ref.batch.device  # the tower's: the pixels may be on the host (vdpcp.feature.pixels)
-    subject = impl.subject_model(model, case, DTYPES[case.dtype], device)
+    arm = replace(arm, model=impl.subject_model(arm.model, case, arm.dtype, device), device=device)
     batch = replace(ref.batch, patches=fresh(ref.batch.patches, pixel_grads(impl)))
     prompt = ref.loss.prompt()  # before the encode, as a VLM embeds its tokens first (vdpcp.feature.loss: why it matters)
     copies = traffic.Copies(batch.patches, device) if moves_pixels(impl, case.pixels) else nullcontext()
-    with Execution(subject, ref.index) as ran, comm.Collectives(groups.cp, _own(swap)) as issued, reads.coded(batch) as coded, \
-            copies:
-        out = outputs_of(impl.encode_sharded(subject, impl.inputs(coded), case.config, groups.cp),
+    with Execution(arm.model, ref.index) as ran, comm.Collectives(arm.cp_group, _own(swap)) as issued, \
+            reads.coded(batch) as coded, copies:
+        out = outputs_of(impl.encode_sharded(arm.model, impl.inputs(coded), case.config, arm.cp_group),
                          f"{impl.name}.encode_sharded")
     result.encoded = ran.rows
     if not config.shard_vision and case.cp > 1 and issued.count:  # CP 1 configured, or the opt-out: the no-op
         result.failures.append(f"execution: rank {result.rank} issued {issued.count} collective(s) on its CP group "
                                f"where vision_dp_over_cp is off ({_off(config)}): it must be a no-op")
-    return Sharded(impl, case, groups, ref, subject, batch, prompt, out, ran, copies)
+    return Sharded(arm, ref, batch, prompt, out, ran, copies)
 
 
-def _what_ran(run: Sharded, result: RankResult) -> Sharded:
+def _what_ran(run: Sharded) -> Sharded:
     """What really ran, on every rank: the rows whose patches reached each rank's tower, with or without a graph (a
     collective, so every rank takes it and decides alike); the host copies, the distribution and the balance held
     to what the case expects; and the layers this rank ran held to those it must have."""
-    case, ref, cp_rank = run.case, run.ref, run.groups.cp_rank
-    read = read_table(run.batch.spec, run.ran, case.cp, cp_rank, run.groups.cp, ref.batch.device)
+    arm, ref = run.arm, run.ref
+    case, cp_rank, result = arm.case, arm.cp_rank, arm.result
+    read = read_table(run.batch.spec, run.ran, case.cp, cp_rank, arm.cp_group, arm.device)
     result.read = [row for row in range(read.shape[1]) if read[cp_rank, row]]
     replicated_run = case.cp > 1 and bool(read.all()) and read.shape[1] > 0
     if isinstance(run.copies, traffic.Copies):
-        _copies(run, result, replicated_run)
+        _copies(run, replicated_run)
     plan = ref.plan
     if case.cp > 1 and cp_rank == 0:  # said once: every rank sees the same table
         judge_distribution(result, read, plan, ref.sharded, replicated_run)
         if ref.sharded and not replicated_run:  # held to the partition the implementation says it balances
-            fail_into(result.unbalanced, load_balance.judge(read.tolist(), run.batch.spec, run.impl.balance(case)))
+            fail_into(result.unbalanced, load_balance.judge(read.tolist(), run.batch.spec, arm.impl.balance(case)))
     rank_alone = ref.own_grads is not None
     if plan is not None and contradicts(read, plan):
         plan, rank_alone = None, False  # the plan is not what ran: its per-rank checks would blame gradients
     describe(result, run.batch.spec, plan, cp_rank)
-    owned = held_config(run.impl, case).shard_vision and not replicated_run  # the same on every rank: every rank's table
-    may_skip = getattr(run.impl, "empty_rank_may_skip", False) and not result.read  # a rank with no real rows
+    owned = held_config(arm.impl, case).shard_vision and not replicated_run  # the same on every rank
+    may_skip = getattr(arm.impl, "empty_rank_may_skip", False) and not result.read  # a rank with no real rows
     # What ran is known from the forward alone, so outputs-only cases are held to it too. Where the unsharded encode
     # ran no layer and returned no graph (a bare empty tensor for an empty microbatch) no rank need run one either.
     required = None
     if owned and (ref.ran or any(ref.graph.values())):  # the same on every rank: the exchange is a collective
-        required = required_layers(ref.ran, ran_by_rank(run.ran, read, cp_rank, run.groups.cp), read, cp_rank)
+        required = required_layers(ref.ran, ran_by_rank(run.ran, read, cp_rank, arm.cp_group), read, cp_rank)
         if not may_skip:
             check_layers_ran(result, required, run.ran, plan)
     return replace(run, read=read, replicated_run=replicated_run, plan=plan, rank_alone=rank_alone, owned=owned,
                    may_skip=may_skip, required=required)
 
 
-def _copies(run: Sharded, result: RankResult, replicated_run: bool) -> None:
+def _copies(run: Sharded, replicated_run: bool) -> None:
     """The host pixels this rank copied to its device: outputs made in host memory, and more copied than its share."""
-    copies, ref = run.copies, run.ref
+    copies, ref, result = run.copies, run.ref, run.arm.result
     result.host_copies = copies.bytes
     _in_host_memory(result, run.out, copies)
     if ref.sharded and not replicated_run and ref.host_copies is not None:  # encoded whole on purpose: moved whole
         fail_into(result.not_sharded, traffic.judge(copies.bytes, ref.host_copies, result.read, run.batch.spec,
-                                                     result.rank, run.case.cp))
+                                                     result.rank, run.arm.case.cp))
 
 
-def _outputs(run: Sharded, result: RankResult) -> bool:
+def _outputs(run: Sharded) -> bool:
     """The gathered outputs against the unsharded ones; whether the gradient checks go on (the same on every rank)."""
-    out, ref = run.out, run.ref
+    out, ref, result = run.out, run.ref, run.arm.result
     if list(out) != list(ref.out):
         result.failures.append(f"outputs: the sharded encode returned {list(out)}, the unsharded {list(ref.out)}")
         return False
@@ -217,68 +191,67 @@ def _outputs(run: Sharded, result: RankResult) -> bool:
     for name, expected in ref.out.items():
         what = label("outputs", name, ref.out)
         fail(result, precision.compare_rows(what, out[name], expected, ref.rounding.outputs.get(name), "token")
-              if precision.low(run.dtype) else precision.compare(what, out[name], expected))
+              if precision.low(run.arm.dtype) else precision.compare(what, out[name], expected))
         result.out_err = max(result.out_err, precision.max_abs(out[name], expected))
     if any(out[n].shape != ref.out[n].shape for n in ref.out) or not ref.gradients:
         if not ref.gradients and ref.sharded and not run.replicated_run:  # shapes that differ stop every rank alike
-            regrouped.hold(result, run.impl, run.subject, run.batch, out, ref.weights, run.plan, run.read,
-                           run.groups.cp, grads=False)
+            regrouped.hold(run, grads=False)
         return False  # every rank gathered the same shapes, so every rank stops here
-    return not _graphless(result, out, ref.graph, run.groups.cp)  # decided over the CP group: every rank alike
+    return not _graphless(result, out, ref.graph, run.arm.cp_group)  # decided over the CP group: every rank alike
 
 
-def _backward(run: Sharded, result: RankResult) -> dict:
+def _backward(run: Sharded) -> dict:
     """This rank's loss backward, with the gradient each output's backward is handed kept, and what it wrote into
     it: a finding of its own, or a note where the implementation says its model's merges copy."""
+    result = run.arm.result
     with handed.Handed(run.out) as kept:
-        loss.rank_loss(run.out, run.ref.loss, run.prompt, run.groups.cp_rank).backward()
+        loss.rank_loss(run.out, run.ref.loss, run.prompt, run.arm.cp_rank).backward()
     written = kept.written()
     if written:
-        (result.notes if getattr(run.impl, "merges_copy", False) else result.grad_written).append(
+        (result.notes if getattr(run.arm.impl, "merges_copy", False) else result.grad_written).append(
             handed.line(result, written))
     return written
 
 
-def _gradients(run: Sharded, result: RankResult, written: dict) -> bool:
+def _gradients(run: Sharded, written: dict) -> bool:
     """The gradient checks: parameters summed over ranks (with the text streams and pixel flags in the same
     collectives), the text stream's, the pixels', every required parameter's, this rank's own; whether the pixels'
     gradients were compared (the same on every rank)."""
-    ref, groups, case, subject = run.ref, run.groups, run.case, run.subject
-    held = _held(ref.grads, subject, groups.tp_rank, case.tp)
-    shares = _held(ref.own_grads, subject, groups.tp_rank, case.tp) if ref.grads is None else None
+    arm, ref, result = run.arm, run.ref, run.arm.result
+    held = _held(ref.grads, arm)
+    shares = _held(ref.own_grads, arm) if ref.grads is None else None
     texts = run.prompt.grads()
     wrote = handed.in_tables(written, ref.loss)  # what the write added to the text stream's gradient, if it read it
     streams = list(texts.values()) + list(wrote.values())
-    pixels = pixel_grads(run.impl)
-    extra = (pixel_extra(run.batch, ref.batch, case.cp, groups.cp_rank, run.owned) if pixels else []) + streams
-    shares_sketch = ref.rounding.own_share_sketch(case.tp, ref.batch.device) if shares is not None else None
-    summed = check_param_grads(result, subject, held, groups.cp, extra, run.dtype, ref.rounding.params, shares,
-                                shares_sketch)
+    pixels = pixel_grads(arm.impl)
+    extra = (pixel_extra(run.batch, ref.batch, arm.case.cp, arm.cp_rank, run.owned) if pixels else []) + streams
+    shares_sketch = ref.rounding.own_share_sketch(arm.case.tp, arm.device) if shares is not None else None
+    summed = check_param_grads(arm, held, extra, ref.rounding.params, shares, shares_sketch)
     summed, summed_texts, summed_wrote = (summed[: len(summed) - len(streams)],
                                           summed[len(summed) - len(streams) : len(summed) - len(wrote)],
                                           summed[len(summed) - len(wrote):])
-    check_text(result, texts, ref.loss.table_grads(groups.cp_rank), ref.loss.tokens, "this rank alone", wrote)
-    check_text(result, dict(zip(texts, summed_texts)), ref.text_grads, ref.loss.tokens, "summed over ranks",
-                dict(zip(texts, summed_wrote)))
+    check_text(arm, texts, ref.loss.table_grads(arm.cp_rank), ref.loss.tokens, "this rank alone", wrote)
+    check_text(arm, dict(zip(texts, summed_texts)), ref.text_grads, ref.loss.tokens, "summed over ranks",
+               dict(zip(texts, summed_wrote)))
     pixels = pixels and carried(result, summed[0])  # the same on every rank: the flags were summed over them
     if pixels:
-        check_input_grads(result, run.batch, ref, run.plan, run.read, summed[1:], run.owned)
+        check_input_grads(run, summed[1:])
     else:
         result.input_grad_err = math.nan  # not compared: RankResult.input_grads says why
         result.input_grads = result.input_grads or "pixels are data (the implementation declares no pixel_grads)"
     if run.owned and not run.may_skip and run.required is not None:
-        check_param_grads_exist(result, ref.given, subject, run.required, run.ran.names)
+        check_param_grads_exist(result, ref.given, arm.model, run.required, run.ran.names)
     if run.rank_alone and run.replicated_run == (not ref.sharded):
-        own = shares or _held(ref.own_grads, subject, groups.tp_rank, case.tp)
-        check_rank_alone(result, subject, own, run.dtype, ref.rounding.own_params)
+        check_rank_alone(arm, shares or _held(ref.own_grads, arm), ref.rounding.own_params)
     return pixels
 
 
-def _held(grads: list | None, subject, tp_rank: int, tp: int) -> list | None:
-    """The plain tower's gradients as the parts ``subject``'s parameters hold on this TP rank (all of them at TP 1)."""
+def _held(grads: list | None, arm: Arm) -> list | None:
+    """The plain tower's gradients as the parts the subject's parameters hold on this TP rank (all of them at TP 1)."""
     if grads is None:
         return None
-    return [held_part(g, p, tp_rank, tp) if g is not None else None for p, g in zip(subject.parameters(), grads)]
+    return [held_part(g, p, arm.tp_rank, arm.case.tp) if g is not None else None
+            for p, g in zip(arm.model.parameters(), grads)]
 
 
 def _as_unsharded(result: RankResult, out: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:

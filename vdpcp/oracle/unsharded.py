@@ -15,6 +15,7 @@ from vdpcp.feature.pixels import handed, loader_pixels, moves_pixels
 from vdpcp.matrix.case import Case, RankResult
 from vdpcp.oracle.compare import precision, regrouped, rounding, sketch
 from vdpcp.oracle.compare.weights import dealt_ownership, own_media, owned_weight
+from vdpcp.oracle.context import Arm
 from vdpcp.oracle.observe import reads, traffic
 from vdpcp.oracle.observe.execution import Execution
 
@@ -92,19 +93,19 @@ def held_config(impl, case: Case):
     return config
 
 
-def run_unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: int, device, clock,
-               group=None) -> Unsharded | None:
+def run_unsharded(arm: Arm, spec) -> Unsharded | None:
     """The unsharded arm, forward and backward, then its gradients set aside and its rounding measured.
 
     If the unsharded encoder raises, every rank raises alike before any collective (no rank hangs) and the case
     is unsharded_error, not a sharding failure. It finishes, backward too, before the sharded run: collectives
-    inside a model (a tensor-parallel tower) then never interleave with the sharded run's. ``group``: the CP group
-    its rounding measurement may be shared out over (rounding.Share; None: this rank measures it whole); then its
-    ``rounding`` is this rank's part, which sum_shared sums."""
-    batch = handed(spec, case.pixels, DTYPES[case.dtype], device, host=loader_pixels(impl) == "host")
+    inside a model (a tensor-parallel tower) then never interleave with the sharded run's. ``arm.cp_group``: the CP
+    group its rounding measurement may be shared out over (rounding.Share; None: this rank measures it whole);
+    then its ``rounding`` is this rank's part, which sum_shared sums."""
+    impl, case, model, result = arm.impl, arm.case, arm.model, arm.result
+    batch = handed(spec, case.pixels, arm.dtype, arm.device, host=loader_pixels(impl) == "host")
     batch.patches.requires_grad_(pixel_grads(impl))
     refused, index = None, reads.Index()
-    copies = traffic.Copies(batch.patches, device) if moves_pixels(impl, case.pixels) else nullcontext()
+    copies = traffic.Copies(batch.patches, arm.device) if moves_pixels(impl, case.pixels) else nullcontext()
     with Execution(model, index, learn=True) as ran, reads.coded(batch) as coded, copies:
         try:
             out = outputs_of(impl.encode(model, impl.inputs(coded)), f"{impl.name}.encode")
@@ -114,25 +115,24 @@ def run_unsharded(impl, case: Case, model, spec, result: RankResult, cp_rank: in
             refused = err
     if refused is not None:
         if regrouped.lacking(model, refused, result):  # an op with no deterministic kernel: again, allowed
-            return run_unsharded(impl, case, model, spec, result, cp_rank, device, clock, group)
+            return run_unsharded(arm, spec)
         result.unsharded_error = f"{type(refused).__name__}: {refused}"
         return None
     try:
         whole = copies.bytes if isinstance(copies, traffic.Copies) else None
-        return replace(_unsharded_rest(impl, case, model, spec, result, cp_rank, device, clock, batch, out, ran, group),
-                       host_copies=whole)
+        return replace(_unsharded_rest(arm, spec, batch, out, ran), host_copies=whole)
     except RuntimeError as err:  # its backward (or its measuring run) ran an op with no deterministic kernel
         if not regrouped.lacking(model, err, result):
             raise
         for p in model.parameters():
             p.grad = None
-        return run_unsharded(impl, case, model, spec, result, cp_rank, device, clock, group)
+        return run_unsharded(arm, spec)
 
 
-def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: int, device, clock, batch, out,
-                    ran, group) -> Unsharded:
+def _unsharded_rest(arm: Arm, spec, batch, out, ran: Execution) -> Unsharded:
     """The unsharded arm after its forward: the backward, its gradients set aside, its rounding measured."""
-    dtype, config = DTYPES[case.dtype], held_config(impl, case)
+    impl, case, result = arm.impl, arm.case, arm.result
+    config = held_config(impl, case)
     graph = {name: t.requires_grad for name, t in out.items()}
     gradients = gradients_checked(impl, case, out, result)
     if not gradients:  # no backward: let its graph (every activation of the arm) go now
@@ -142,45 +142,71 @@ def _unsharded_rest(impl, case: Case, model, spec, result: RankResult, cp_rank: 
     result.replicated = impl.replicated(spec, config) if config.shard_vision else None
     sharded = config.shard_vision and result.replicated is None
     plan = impl.plan(spec, config) if sharded else None
-    case_loss = loss.case_loss(case, spec, {name: t.shape for name, t in out.items()}, dtype, device)
-    weights = case_loss.weights
-    summed = {name: sum(w) for name, w in weights.items()}
-    own_weights, own_grads, text_grads, summed_over = None, None, None, None
-    kinds = own_media(plan, spec, cp_rank)  # the exact run's chunks kept to one owner
-    if gradients:
-        own_weights = {name: owned_weight(plan, sharded, w, cp_rank, device) for name, w in weights.items()}
-        if splits(case, own_weights, sharded, kinds, model, group):
-            summed_over = group  # one backward, of this rank's own share: the summed loss's gradients are the shares' sum
-            loss.features_loss(out, own_weights).backward()
-            text_grads = case_loss.table_grads()  # the prompt's gradient is the loss weights (vdpcp.feature.loss)
-        else:
-            if all(w is not None for w in own_weights.values()):
-                own_grads = _param_grads(model, loss.features_loss(out, own_weights))
-            prompt = case_loss.prompt()
-            loss.merged_loss(out, prompt, case_loss.stream_weights()).backward()
-            text_grads = prompt.grads()
-    params = list(model.parameters())
+    case_loss = loss.case_loss(case, spec, {name: t.shape for name, t in out.items()}, arm.dtype, arm.device)
+    taken = _backward(arm, spec, out, case_loss, plan, sharded, gradients)
+    params = list(arm.model.parameters())
     grads = [p.grad for p in params]
     given = [g is not None for g in grads]
     for p in params:
         p.grad = None  # set aside: the sharded arm's gradients accumulate afresh on the same weights
-    if summed_over is not None:
+    own_grads = taken.own_grads
+    if taken.summed_over is not None:
         own_grads, grads = or_zeros(grads, params), None  # this rank's share; the sum comes after (_sum_split)
+    arm.lap("unsharded")
     measured = rounding.Rounding()
-    clock.lap("unsharded")
-    if precision.low(dtype):
+    if precision.low(arm.dtype):
         with regrouped.relaxed():
-            share = _share(plan, kinds, gradients, own_grads, group, cp_rank)
-            split = own_weights if own_grads is not None else None
-            deal = dealt_ownership(impl, spec, out, group) if share is None and plan is None and sharded and group else None
-            if deal is not None:  # no plan: vdpcp's own deal of whole media items, for the exact run alone
-                kinds, share = own_media(deal, spec, cp_rank), rounding.Share(group, cp_rank, deal)
-                split = {name: owned_weight(deal, True, w, cp_rank, device) for name, w in weights.items()}
-            measured = rounding.measure(impl, model, batch, out, grads, own_grads, summed, split, gradients,
-                                        kinds=kinds, share=share)
-        clock.lap("exact")
+            summed = {name: sum(w) for name, w in case_loss.weights.items()}
+            ref = rounding.Reference(batch, out, grads, own_grads, summed, taken.own_weights, gradients)
+            measured = _measure(arm, spec, ref, plan, sharded, case_loss.weights)
+        arm.lap("exact")
     return Unsharded(batch, {n: t.detach() for n, t in out.items()}, grads, own_grads, ran.ran(), ran.index,
-                     plan, weights, sharded, measured, graph, gradients, case_loss, text_grads, given, summed_over)
+                     plan, case_loss.weights, sharded, measured, graph, gradients, case_loss, taken.text_grads, given,
+                     taken.summed_over)
+
+
+@dataclass(frozen=True)
+class _Taken:
+    """What the unsharded backward took: the rank's own loss weights, its own share's gradients (None: not taken
+    apart), the prompt tables' gradients, and the CP group the summed loss's gradients are the shares' sum over."""
+
+    own_weights: dict | None = None
+    own_grads: list | None = None
+    text_grads: dict | None = None
+    summed_over: object = None
+
+
+def _backward(arm: Arm, spec, out, case_loss, plan, sharded: bool, gradients: bool) -> _Taken:
+    """The unsharded backward, where gradients are checked: of this rank's own share alone where the summed loss's
+    gradients are the shares' sum (splits), else of the summed loss (and, with an own share, its gradients apart)."""
+    if not gradients:
+        return _Taken()
+    weights, model = case_loss.weights, arm.model
+    own_weights = {name: owned_weight(plan, sharded, w, arm.cp_rank, arm.device) for name, w in weights.items()}
+    if splits(arm.case, own_weights, sharded, own_media(plan, spec, arm.cp_rank), model, arm.cp_group):
+        # one backward, of this rank's own share: the summed loss's gradients are the shares' sum
+        loss.features_loss(out, own_weights).backward()
+        return _Taken(own_weights, None, case_loss.table_grads(), arm.cp_group)  # the prompt's gradient: the weights
+    own_grads = None
+    if all(w is not None for w in own_weights.values()):
+        own_grads = _param_grads(model, loss.features_loss(out, own_weights))
+    prompt = case_loss.prompt()
+    loss.merged_loss(out, prompt, case_loss.stream_weights()).backward()
+    return _Taken(own_weights, own_grads, prompt.grads())
+
+
+def _measure(arm: Arm, spec, ref: rounding.Reference, plan, sharded: bool, weights: dict):
+    """The exact run that measures the arms' rounding: shared out over the CP group where ownership is known (the
+    plan's, or vdpcp's own deal of whole media items), else this rank's whole. ``weights``: each CP rank's loss
+    weights by output name, for an own share under vdpcp's deal."""
+    group, kinds = arm.cp_group, own_media(plan, spec, arm.cp_rank)  # the exact run's chunks kept to one owner
+    share = _share(plan, kinds, ref.gradients, ref.own_grads, group, arm.cp_rank)
+    split = ref.own_weights if ref.own_grads is not None else None
+    deal = dealt_ownership(arm.impl, spec, ref.out, group) if share is None and plan is None and sharded and group else None
+    if deal is not None:  # no plan: vdpcp's own deal of whole media items, for the exact run alone
+        kinds, share = own_media(deal, spec, arm.cp_rank), rounding.Share(group, arm.cp_rank, deal)
+        split = {name: owned_weight(deal, True, w, arm.cp_rank, arm.device) for name, w in weights.items()}
+    return rounding.measure(arm, replace(ref, own_weights=split), kinds=kinds, share=share)
 
 
 def splits(case: Case, own_weights: dict, sharded: bool, kinds, model, group) -> bool:

@@ -12,9 +12,9 @@ from vdpcp.feature import comm, loss
 from vdpcp.feature.grads import grad_or_zeros
 from vdpcp.matrix.case import RankResult
 from vdpcp.oracle.compare import precision, sketch
+from vdpcp.oracle.context import Arm, Sharded
 from vdpcp.oracle.failures import fail, label
 from vdpcp.oracle.observe.split import ranks_reading
-from vdpcp.oracle.unsharded import Unsharded
 
 
 def _pixel_grad(batch) -> torch.Tensor:
@@ -42,15 +42,15 @@ def carried(result: RankResult, flags: torch.Tensor) -> bool:
     return False
 
 
-def check_input_grads(result: RankResult, batch, ref: Unsharded, plan, read, summed: list[torch.Tensor],
-                       owned: bool) -> None:
+def check_input_grads(run: Sharded, summed: list[torch.Tensor]) -> None:
     """The pixel gradients: summed over the CP ranks against the unsharded ones, and (owned) each row's on exactly
     its owner, equal there. ``summed``: pixel_extra's gradient and holders, summed over the CP group."""
+    batch, ref = run.batch, run.ref
     grad, ref_grad = _pixel_grad(batch), _pixel_grad(ref.batch)
-    fail(result, _compare_images(result, "input grads (summed over ranks)", summed[0], ref_grad, batch.cu_seqlens,
-                                  range(len(batch.cu_seqlens) - 1), ref.rounding.input))
-    if owned:
-        _check_ownership(result, batch, grad, ref_grad, plan, read, summed[1], ref.rounding.input)
+    fail(run.arm.result, _compare_images(run.arm, "input grads (summed over ranks)", summed[0], ref_grad,
+                                         batch.cu_seqlens, range(len(batch.cu_seqlens) - 1), ref.rounding.input))
+    if run.owned:
+        _check_ownership(run.arm, batch, grad, ref_grad, run.plan, run.read, summed[1], ref.rounding.input)
 
 
 def _holding(batch, grad, cp: int, cp_rank: int) -> torch.Tensor:
@@ -63,7 +63,7 @@ def _holding(batch, grad, cp: int, cp_rank: int) -> torch.Tensor:
     return nonzero
 
 
-def _check_ownership(result, batch, grad, ref_grad, plan, read, holders, slack) -> None:
+def _check_ownership(arm: Arm, batch, grad, ref_grad, plan, read, holders, slack) -> None:
     """Every image row's gradient is non-zero on exactly one rank, its owner (the plan's, or the one rank whose
     tower read it), and equals the unsharded one there. ``holders``: _holding summed over the CP ranks;
     ``slack``: per microbatch row, as the unsharded run measured it (rounding.Rounding.input; None in float64)."""
@@ -76,22 +76,23 @@ def _check_ownership(result, batch, grad, ref_grad, plan, read, holders, slack) 
         expected = [plan.owner[row]] if plan is not None else readers if len(readers) == 1 else None
         if len(ranks) != 1 or (expected is not None and ranks != expected):
             wrong.append(f"row {row} on ranks {ranks}" + (f" (encoded on rank {expected[0]})" if expected else ""))
-    if wrong and result.cp_rank == 0:  # said once: every rank sees the same table
-        result.failures.append(f"input grads: an image's gradient must be non-zero on exactly its owner's rank: "
+    if wrong and arm.cp_rank == 0:  # said once: every rank sees the same table
+        arm.result.failures.append(f"input grads: an image's gradient must be non-zero on exactly its owner's rank: "
                                f"{'; '.join(wrong[:4])}{' ...' if len(wrong) > 4 else ''}")
-    mine = plan.rows_of(result.cp_rank) if plan is not None else [
-        row for row in range(rows) if holders[result.cp_rank, row] > 0]
-    fail(result, _compare_images(result, "input grads (own images)", grad, ref_grad, cu, mine, slack))
+    mine = plan.rows_of(arm.cp_rank) if plan is not None else [
+        row for row in range(rows) if holders[arm.cp_rank, row] > 0]
+    fail(arm.result, _compare_images(arm, "input grads (own images)", grad, ref_grad, cu, mine, slack))
 
 
-def _compare_images(result, what: str, actual, expected, cu_seqlens, rows, slack) -> str | None:
+def _compare_images(arm: Arm, what: str, actual, expected, cu_seqlens, rows, slack) -> str | None:
     """The input gradients of microbatch ``rows``: element by element in float64, per image row below it."""
     cu = [int(c) for c in cu_seqlens]
     rows = list(rows)
     picked = torch.cat([torch.arange(cu[r], cu[r + 1]) for r in rows]) if rows else torch.zeros(0, dtype=torch.long)
     picked = picked.to(actual.device)
     a, e = actual[:, picked], expected[:, picked]
-    result.input_grad_err = max(result.input_grad_err, precision.max_abs(a, e))
+    figures = arm.result
+    figures.input_grad_err = max(figures.input_grad_err, precision.max_abs(a, e))
     if not precision.low(actual.dtype):
         return precision.compare(what, a, e)
     sub_cu = [0]
@@ -101,20 +102,19 @@ def _compare_images(result, what: str, actual, expected, cu_seqlens, rows, slack
     return precision.compare_rows(what, a, e, slack, "image", cu_seqlens=sub_cu, names=rows)
 
 
-def check_param_grads(result, model, expected, group, extra, dtype, slack, shares=None,
-                       shares_sketch=None) -> list[torch.Tensor]:
-    """The parameter gradients summed over ``group`` against ``expected`` (one per parameter, in order; None:
+def check_param_grads(arm: Arm, expected, extra, slack, shares=None, shares_sketch=None) -> list[torch.Tensor]:
+    """``arm.model``'s parameter gradients summed over ``arm.cp_group`` against ``expected`` (one per parameter, in order; None:
     the unsharded run gives none), in buckets of precision.BUCKET elements: one collective per bucket, the first
     also carrying the ``extra`` tensors to sum (returned summed). float64 element by element (the first parameter
     off is named); below it as one vector within rtol + ``slack``. ``expected`` None: it is the sum over ``group``
     of each rank's ``shares`` (vdpcp.oracle.unsharded._sum_split), summed as sketches; ``shares_sketch``, where
     given, is this rank's shares already sketched, on this device and over the same parameters in order
     (rounding.Rounding.own_share_sketch)."""
-    params = [(name, p) for name, p in model.named_parameters()]
+    result, group, dtype = arm.result, arm.cp_group, arm.dtype
+    params = [(name, p) for name, p in arm.model.named_parameters()]
     low = precision.low(dtype)
     if expected is None or (low and sketch.pays(sum(p.numel() for _, p in params))):
-        return _check_sketched_param_grads(result, [p for _, p in params], expected, group, extra, dtype, slack,
-                                           shares, shares_sketch)
+        return _check_sketched_param_grads(arm, expected, extra, slack, shares, shares_sketch)
     diff_sq = scale_sq = 0.0
     summed_extra = None
     for bucket in _buckets([p for _, p in params]) or [[]]:
@@ -139,13 +139,13 @@ def check_param_grads(result, model, expected, group, extra, dtype, slack, share
     return summed_extra
 
 
-def _check_sketched_param_grads(result, params, expected, group, extra, dtype, slack, shares=None,
-                                shares_sketch=None) -> list[torch.Tensor]:
+def _check_sketched_param_grads(arm: Arm, expected, extra, slack, shares=None, shares_sketch=None) -> list[torch.Tensor]:
     """check_param_grads for a tower with more parameters than vdpcp.oracle.compare.sketch.WIDTH, below float64: the ranks sum
     count sketches of their gradients, not the gradients, so |summed - expected| is an estimate (vdpcp.oracle.compare.sketch says
     how close) and no element-wise figure exists: ``param_grad_err`` is NaN, not measured (the report's "-").
     With ``shares`` (``expected`` None) the expected sketch is summed too, in the same collective: a sketch is
     linear, so the shares' sketches add up to the sketch of their sum, and its norm estimates the sum's."""
+    params, group, result = list(arm.model.parameters()), arm.cp_group, arm.result
     summed_extra = comm.all_reduce_sums(extra, group) if extra else []
     device = params[0].device
     if expected is None:
@@ -160,12 +160,12 @@ def _check_sketched_param_grads(result, params, expected, group, extra, dtype, s
         diff_sq = (comm.all_reduce_sum(mine, group) - want).square().sum().item()
         scale_sq = float(precision.read_once([e.double().square().sum() for e in expected if e is not None], sum))
     result.param_grad_err = math.nan
-    fail(result, precision.compare_vector("param grads (summed over ranks)", diff_sq, scale_sq, dtype, slack))
+    fail(result, precision.compare_vector("param grads (summed over ranks)", diff_sq, scale_sq, arm.dtype, slack))
     return summed_extra
 
 
-def check_text(result, got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], tokens, how: str,
-                written: dict[str, torch.Tensor] | None = None) -> None:
+def check_text(arm: Arm, got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], tokens, how: str,
+               written: dict[str, torch.Tensor] | None = None) -> None:
     """The prompt tables' gradients (vdpcp.feature.loss), bit for bit: they are the loss weights, odd sixteenths, exact in
     every dtype however ranks sum them. Which rows of the merged stream differ says where it was seen. ``written``:
     what the implementation's backward wrote into the gradient it was handed, as it would show in each table's
@@ -178,18 +178,20 @@ def check_text(result, got: dict[str, torch.Tensor], expected: dict[str, torch.T
         if bool(differ.any()):
             rows = differ.nonzero().flatten().tolist()
             vision = [r for r in rows if loss.TEXT_BEFORE <= r < e.shape[0] - loss.TEXT_AFTER]
-            result.failures.append(
-                f"{label('text grads', name, expected)} ({how}): rank {result.rank} (CP rank {result.cp_rank})'s "
+            arm.result.failures.append(
+                f"{label('text grads', name, expected)} ({how}): {arm.whose}'s "
                 f"gradient of the text stream the outputs merge into differs from the unsharded run's in {len(rows)} "
                 f"of {e.shape[0]} rows, {len(vision)} of them vision rows (max abs {precision.max_abs(a, e):.3g}): "
                 f"a consumer of the merged stream's gradient saw it changed")
 
 
-def check_rank_alone(result, model, expected, dtype, slack) -> None:
+def check_rank_alone(arm: Arm, expected, slack) -> None:
     """This rank's own parameter gradients against its own share of the unsharded ones (no collective)."""
+    result, dtype = arm.result, arm.dtype
+
     def pairs():  # a generator each time: a missing gradient's zeros one run at a time, never a tower's worth
         return ((name, grad_or_zeros(p), want)
-                for (name, p), want in zip(model.named_parameters(), expected))
+                for (name, p), want in zip(arm.model.named_parameters(), expected))
 
     if precision.low(dtype):
         peak, diff_sq, scale_sq = precision.peak_and_norms(pairs())

@@ -49,6 +49,7 @@ from vdpcp.feature import comm, loss
 from vdpcp.feature.grads import grad_or_zeros, or_zeros
 from vdpcp.feature.spec import Microbatch, MicrobatchSpec
 from vdpcp.oracle.compare import precision
+from vdpcp.oracle.context import Sharded
 from vdpcp.oracle.observe.execution import Execution
 
 NONDETERMINISTIC = "does not have a deterministic implementation"  # torch's error (its warning under warn_only)
@@ -213,13 +214,14 @@ def patch_index(cu: list[int], rows: list[int]) -> torch.Tensor:
     return _spans([(cu[r], cu[r + 1]) for r in rows])
 
 
-def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: bool, pixels: bool = False) -> None:
+def hold(run: Sharded, grads: bool, pixels: bool = False) -> None:
     """Hold this rank's outputs (and, with ``grads`` and an exact backward, its parameter gradients, and with
     ``pixels`` its input gradients) to the regrouped run of its own media; failures go to ``result.failures``, what
     was held to ``result.exact``."""
-    _same_copies(result, out, cp_group)
-    own, encoded = _own_media(result, impl, model, batch, plan, read, cp_group)
-    whose = f"rank {result.rank} (CP rank {result.cp_rank})'s own rows {_rows(own.rows)}"
+    arm, out, result = run.arm, run.out, run.arm.result
+    _same_copies(result, out, arm.cp_group)
+    own, encoded = _own_media(run)
+    whose = f"{arm.whose}'s own rows {_rows(own.rows)}"
     if "error" in encoded:
         result.failures.append(f"exact (regrouped): {whose} could not be encoded unsharded: {encoded['error']}")
         return
@@ -244,8 +246,8 @@ def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: 
     if derived:  # their ranks' gradients were summed after that computation, in another order than any regrouped run
         ulps = max(ulps, EXTRA_ROWS_ULPS)
     if grads and exact_grads(result):
-        received = {name: sum(w)[tokens] for name, w in weights.items()}  # the gather's backward: the sum over ranks
-        if _hold_grads(result, whose, model, batch, sub, ref_out, received, own.rows, ulps, pixels):
+        received = {name: sum(w)[tokens] for name, w in run.ref.weights.items()}  # the gather's backward: the sum
+        if _hold_grads(run, whose, sub, ref_out, received, own.rows, ulps, pixels):
             held = f"outputs, {'input and ' if pixels else ''}parameter gradients"
     why = [f"its tower took {extra} rows besides its media"] if extra > 0 else []
     why += [f"output {a!r} is computed from {b!r} after the gather" for a, b in derived[:1]]
@@ -254,33 +256,34 @@ def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: 
         "" if held != "outputs" or not grads else f"; gradients not (deterministic: {result.deterministic})")
 
 
-def _own_media(result, impl, model, batch, plan, read, cp_group) -> tuple[Mine, dict]:
+def _own_media(run: Sharded) -> tuple[Mine, dict]:
     """This rank's own media (mine) and their regrouped run: ``encoded`` holds the run, the rows its tower took,
     or the error it raised (said by the caller; the count still goes out, so no rank waits on this one)."""
-    encoded = {}
+    arm, encoded = run.arm, {}
 
     def counts_of(rows: list[int]) -> int:
         if not rows:
             return 0  # nothing of its own: no encode (an empty microbatch is a limit of some towers)
         try:
-            with Execution(model) as ran:  # the rows the regrouped run's tower takes
-                encoded["run"] = _encode(impl, model, batch, rows)
+            with Execution(arm.model) as ran:  # the rows the regrouped run's tower takes
+                encoded["run"] = _encode(arm.impl, arm.model, run.batch, rows)
             encoded["rows"] = ran.rows
         except Exception as err:
             encoded["error"] = f"{type(err).__name__}: {err}"
             return -1
         return next(iter(encoded["run"][1].values())).shape[0]
 
-    own = mine(plan, read, result.cp_rank, cp_group, counts_of)
+    own = mine(run.plan, run.read, arm.cp_rank, arm.cp_group, counts_of)
     if own.rows and own.tokens is not None and not encoded:
         counts_of(own.rows)
     return own, encoded
 
 
-def _hold_grads(result, whose: str, model, batch, sub, ref_out, received, rows, ulps: int, pixels: bool) -> bool:
+def _hold_grads(run: Sharded, whose: str, sub, ref_out, received, rows, ulps: int, pixels: bool) -> bool:
     """This rank's parameter (and, with ``pixels``, input) gradients against the regrouped run's, given the gradient
     its rows received; whether they were held (not: the regrouped backward does not repeat itself bit for bit)."""
-    named = list(model.named_parameters())
+    result, batch = run.arm.result, run.batch
+    named = list(run.arm.model.named_parameters())
     params = [p for _, p in named]
     merged = loss.features_loss(ref_out, received)  # the case's merged loss, as the tower sees it
     inputs = [sub.patches] if pixels else []
