@@ -32,8 +32,9 @@ def sketched_sum(ctx, off: float):
     try:
         result = RankResult(ctx.rank)
         extra = torch.full((2,), float(ctx.rank + 1), dtype=torch.bfloat16)
-        arm = Arm(model=model, dtype=torch.bfloat16, rank=ctx.rank, result=result)
-        (summed,) = gradients.check_param_grads(arm, expected, [extra], 0.0)
+        arm = Arm(model=model, dtype=torch.bfloat16, rank=ctx.rank, telemetry=result.telemetry)
+        (summed,), said = gradients.check_param_grads(arm, expected, [extra], 0.0)
+        result.add(said)
     finally:
         sketch.WIDTH = width
     return result.failures, summed.tolist(), result.param_grad_err != result.param_grad_err
@@ -72,8 +73,8 @@ def sketched_shares(ctx, off: float):
     sketch.WIDTH = 1024
     try:
         result = RankResult(ctx.rank)
-        gradients.check_param_grads(Arm(model=model, dtype=torch.bfloat16, rank=ctx.rank, result=result), None, [],
-                                    0.0, shares)
+        arm = Arm(model=model, dtype=torch.bfloat16, rank=ctx.rank, telemetry=result.telemetry)
+        result.add(gradients.check_param_grads(arm, None, [], 0.0, shares)[1])
     finally:
         sketch.WIDTH = width
     return result.failures

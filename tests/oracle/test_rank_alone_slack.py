@@ -34,11 +34,11 @@ def _rank_alone(params_slack: float, own_slack: float, said: bool = True) -> lis
     case = Case(SPEC, 1, impl.name, dtype="bfloat16")
     model = impl.build_model(case, torch.bfloat16, cpu)
     result = RankResult(0)
-    arm = Arm(impl, case, model, torch.bfloat16, cpu, clock=oracle.Clock(result), result=result)
+    arm = Arm(impl, case, model, torch.bfloat16, cpu, clock=oracle.Clock(result), telemetry=result.telemetry)
     ref = unsharded.run_unsharded(arm, SPEC)
     ref = replace(ref, sharded=True, own_grads=[g * (1 + OFF) for g in ref.own_grads],
                   rounding=replace(ref.rounding, params=params_slack, own_params=own_slack))
-    arms._sharded(arm, ref)  # CP rank 0 of a group of one
+    result.add(arms._sharded(arm, ref))  # CP rank 0 of a group of one
     assert not [f for f in result.failures if "summed over ranks" in f], result.failures  # the sum is exact
     if not said:
         return result.param_grad_err

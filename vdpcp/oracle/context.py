@@ -1,13 +1,14 @@
 """What the arms and their checks share, passed as one: the arm a rank runs (Arm) and, after the sharded encode,
-what it was seen to run (Sharded). Both frozen: a check reads them and leaves them as it found them."""
+what it was seen to run (Sharded). Both frozen: a check reads them and returns its findings; only the figures it
+measures go into the arm's telemetry."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from vdpcp.matrix.case import Case, RankResult
+from vdpcp.matrix.case import Case, Telemetry
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class Arm:
     cp_group: object = None  # None: this rank alone
     tp_rank: int = 0
     clock: object = None  # vdpcp.oracle.observe.telemetry.Clock, or None where phases are not timed
-    result: RankResult | None = None
+    telemetry: Telemetry = field(default_factory=Telemetry)  # where its figures go (the rank's RankResult's)
 
     @property
     def whose(self) -> str:

@@ -12,7 +12,7 @@ from vdpcp.contract.protocol import OutputsError, outputs_of
 from vdpcp.feature import comm, loss
 from vdpcp.feature.grads import grad_or_zeros, or_zeros
 from vdpcp.feature.pixels import handed, loader_pixels, moves_pixels
-from vdpcp.matrix.case import Case, RankResult
+from vdpcp.matrix.case import Case
 from vdpcp.oracle.compare import precision, regrouped, rounding, sketch
 from vdpcp.oracle.compare.weights import dealt_ownership, own_media, owned_weight
 from vdpcp.oracle.context import Arm
@@ -47,6 +47,12 @@ class Unsharded:
     given: list[bool] | None = None  # which parameters the summed loss gives a gradient
     summed_over: object = None  # the CP group whose ranks' own shares sum to the summed loss's gradients (_sum_split)
     host_copies: int | None = None  # bytes of host pixels its encode copied to the device (vdpcp.oracle.observe.traffic)
+    replicated: str | None = None  # why the implementation's fallback policy encodes this microbatch whole (RankResult)
+    unchecked_grads: str | None = None  # why a case that asks for gradients does not check them (RankResult)
+
+
+class Unencodable(Exception):
+    """The unsharded encoder raised: the spec cannot be encoded at all (RankResult.unsharded_error)."""
 
 
 def sum_shared(unsharded: Unsharded | None) -> None:
@@ -93,15 +99,15 @@ def held_config(impl, case: Case):
     return config
 
 
-def run_unsharded(arm: Arm, spec) -> Unsharded | None:
+def run_unsharded(arm: Arm, spec) -> Unsharded:
     """The unsharded arm, forward and backward, then its gradients set aside and its rounding measured.
 
-    If the unsharded encoder raises, every rank raises alike before any collective (no rank hangs) and the case
-    is unsharded_error, not a sharding failure. It finishes, backward too, before the sharded run: collectives
+    If the unsharded encoder raises, every rank raises Unencodable alike before any collective (no rank hangs):
+    the case is unsharded_error, not a sharding failure. It finishes, backward too, before the sharded run: collectives
     inside a model (a tensor-parallel tower) then never interleave with the sharded run's. ``arm.cp_group``: the CP
     group its rounding measurement may be shared out over (rounding.Share; None: this rank measures it whole);
     then its ``rounding`` is this rank's part, which sum_shared sums."""
-    impl, case, model, result = arm.impl, arm.case, arm.model, arm.result
+    impl, case, model = arm.impl, arm.case, arm.model
     batch = handed(spec, case.pixels, arm.dtype, arm.device, host=loader_pixels(impl) == "host")
     batch.patches.requires_grad_(pixel_grads(impl))
     refused, index = None, reads.Index()
@@ -114,15 +120,14 @@ def run_unsharded(arm: Arm, spec) -> Unsharded | None:
         except Exception as err:
             refused = err
     if refused is not None:
-        if regrouped.lacking(model, refused, result):  # an op with no deterministic kernel: again, allowed
+        if regrouped.lacking(model, refused, arm.telemetry):  # an op with no deterministic kernel: again, allowed
             return run_unsharded(arm, spec)
-        result.unsharded_error = f"{type(refused).__name__}: {refused}"
-        return None
+        raise Unencodable(f"{type(refused).__name__}: {refused}") from refused
     try:
         whole = copies.bytes if isinstance(copies, traffic.Copies) else None
         return replace(_unsharded_rest(arm, spec, batch, out, ran), host_copies=whole)
     except RuntimeError as err:  # its backward (or its measuring run) ran an op with no deterministic kernel
-        if not regrouped.lacking(model, err, result):
+        if not regrouped.lacking(model, err, arm.telemetry):
             raise
         for p in model.parameters():
             p.grad = None
@@ -131,16 +136,16 @@ def run_unsharded(arm: Arm, spec) -> Unsharded | None:
 
 def _unsharded_rest(arm: Arm, spec, batch, out, ran: Execution) -> Unsharded:
     """The unsharded arm after its forward: the backward, its gradients set aside, its rounding measured."""
-    impl, case, result = arm.impl, arm.case, arm.result
+    impl, case = arm.impl, arm.case
     config = held_config(impl, case)
     graph = {name: t.requires_grad for name, t in out.items()}
-    gradients = gradients_checked(impl, case, out, result)
+    gradients, unchecked = gradients_checked(impl, case, out)
     if not gradients:  # no backward: let its graph (every activation of the arm) go now
         out = {name: t.detach() for name, t in out.items()}
     # What the case expects: sharded, or encoded whole on every rank (CP=1, the opt-out, or the implementation's
     # own fallback policy below some size).
-    result.replicated = impl.replicated(spec, config) if config.shard_vision else None
-    sharded = config.shard_vision and result.replicated is None
+    replicated = impl.replicated(spec, config) if config.shard_vision else None
+    sharded = config.shard_vision and replicated is None
     plan = impl.plan(spec, config) if sharded else None
     case_loss = loss.case_loss(case, spec, {name: t.shape for name, t in out.items()}, arm.dtype, arm.device)
     taken = _backward(arm, spec, out, case_loss, plan, sharded, gradients)
@@ -162,7 +167,7 @@ def _unsharded_rest(arm: Arm, spec, batch, out, ran: Execution) -> Unsharded:
         arm.lap("exact")
     return Unsharded(batch, {n: t.detach() for n, t in out.items()}, grads, own_grads, ran.ran(), ran.index,
                      plan, case_loss.weights, sharded, measured, graph, gradients, case_loss, taken.text_grads, given,
-                     taken.summed_over)
+                     taken.summed_over, replicated=replicated, unchecked_grads=unchecked)
 
 
 @dataclass(frozen=True)
@@ -233,20 +238,20 @@ def _share(plan, kinds, gradients: bool, own_grads, group, cp_rank: int) -> roun
     return rounding.Share(group, cp_rank, plan)
 
 
-def gradients_checked(impl, case: Case, out: dict[str, torch.Tensor], result: RankResult) -> bool:
+def gradients_checked(impl, case: Case, out: dict[str, torch.Tensor]) -> tuple[bool, str | None]:
     """Whether this case's gradients are checked, and where a case that asks for them does not get them, why
-    (``result.unchecked_grads``): a forward-only implementation has none to check, and unsharded outputs with no
+    (RankResult.unchecked_grads): a forward-only implementation has none to check, and unsharded outputs with no
     autograd graph have none to compare with. Outputs with no rows and no graph (an encoder's bare empty tensor for
     an empty microbatch) have no gradient at all: nothing is left unchecked, and nothing runs backward."""
     if not case.grads:
-        return False
+        return False, None
     if getattr(impl, "forward_only", False):
-        result.unchecked_grads = "forward-only implementation (an inference tower: no backward)"
-    elif not any(t.requires_grad for t in out.values()):
+        return False, "forward-only implementation (an inference tower: no backward)"
+    if not any(t.requires_grad for t in out.values()):
         if not any(t.numel() for t in out.values()):
-            return False
-        result.unchecked_grads = "the unsharded encode's outputs have no autograd graph"
-    return result.unchecked_grads is None
+            return False, None
+        return False, "the unsharded encode's outputs have no autograd graph"
+    return True, None
 
 
 def pixel_grads(impl) -> bool:

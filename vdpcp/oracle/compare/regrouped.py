@@ -49,7 +49,9 @@ from vdpcp.feature import comm, loss
 from vdpcp.feature.grads import grad_or_zeros, or_zeros
 from vdpcp.feature.spec import Microbatch, MicrobatchSpec
 from vdpcp.oracle.compare import precision
-from vdpcp.oracle.context import Sharded
+from vdpcp.matrix.case import FAILURE, Finding
+from vdpcp.oracle.context import Arm, Sharded
+from vdpcp.oracle.failures import found
 from vdpcp.oracle.observe.execution import Execution
 
 NONDETERMINISTIC = "does not have a deterministic implementation"  # torch's error (its warning under warn_only)
@@ -214,46 +216,50 @@ def patch_index(cu: list[int], rows: list[int]) -> torch.Tensor:
     return _spans([(cu[r], cu[r + 1]) for r in rows])
 
 
-def hold(run: Sharded, grads: bool, pixels: bool = False) -> None:
+def hold(run: Sharded, grads: bool, pixels: bool = False) -> list[Finding]:
     """Hold this rank's outputs (and, with ``grads`` and an exact backward, its parameter gradients, and with
-    ``pixels`` its input gradients) to the regrouped run of its own media; failures go to ``result.failures``, what
-    was held to ``result.exact``."""
-    arm, out, result = run.arm, run.out, run.arm.result
-    _same_copies(result, out, arm.cp_group)
+    ``pixels`` its input gradients) to the regrouped run of its own media: its failures, and what was held in the
+    arm's ``telemetry.exact``."""
+    arm, out, figures = run.arm, run.out, run.arm.telemetry
+    said = _same_copies(arm, out)
     own, encoded = _own_media(run)
     whose = f"{arm.whose}'s own rows {_rows(own.rows)}"
     if "error" in encoded:
-        result.failures.append(f"exact (regrouped): {whose} could not be encoded unsharded: {encoded['error']}")
-        return
+        return said + found(FAILURE, arm.rank, f"exact (regrouped): {whose} could not be encoded unsharded: "
+                                               f"{encoded['error']}")
     if own.tokens is None or not own.rows:
-        result.exact = f"not held: {own.why or 'no media of its own (placeholders only)'}"
-        return
+        figures.exact = f"not held: {own.why or 'no media of its own (placeholders only)'}"
+        return said
     sub, ref_out = encoded["run"]
     # Rows its tower took besides its media (placeholders, padding frames) change the GEMM shapes: not bitwise then.
-    extra = result.encoded - encoded["rows"] if result.encoded >= 0 else 0
+    extra = figures.encoded - encoded["rows"] if figures.encoded >= 0 else 0
     ulps = EXTRA_ROWS_ULPS if extra > 0 else 0
     tokens = own.tokens.to(next(iter(out.values())).device)
     length = next(iter(out.values())).shape[0]
     if tokens.numel() and int(tokens.max()) >= length:  # a stated plan that is not what ran (a stale split, say)
-        result.failures.append(f"exact (regrouped): {whose} sit at tokens {int(tokens.min())}..{int(tokens.max())} by "
-                               f"its plan, past the {length} rows of the gathered outputs")
-        return
+        return said + found(FAILURE, arm.rank, f"exact (regrouped): {whose} sit at tokens {int(tokens.min())}.."
+                                               f"{int(tokens.max())} by its plan, past the {length} rows of the "
+                                               f"gathered outputs")
     for name, expected in ref_out.items():
         got = out[name].detach().index_select(0, tokens) if name in out else None
-        _exact(result, f"outputs{'' if len(ref_out) == 1 else f' {name!r}'}", whose, got, expected.detach(), ulps)
+        said += found(FAILURE, arm.rank, _exact(f"outputs{'' if len(ref_out) == 1 else f' {name!r}'}", whose, got,
+                                                expected.detach(), ulps))
     held = "outputs"
     derived = derived_outputs(out) if grads else []
     if derived:  # their ranks' gradients were summed after that computation, in another order than any regrouped run
         ulps = max(ulps, EXTRA_ROWS_ULPS)
-    if grads and exact_grads(result):
+    if grads and exact_grads(figures):
         received = {name: sum(w)[tokens] for name, w in run.ref.weights.items()}  # the gather's backward: the sum
-        if _hold_grads(run, whose, sub, ref_out, received, own.rows, ulps, pixels):
+        repeated, off = _hold_grads(run, whose, sub, ref_out, received, own.rows, ulps, pixels)
+        said += off
+        if repeated:
             held = f"outputs, {'input and ' if pixels else ''}parameter gradients"
     why = [f"its tower took {extra} rows besides its media"] if extra > 0 else []
     why += [f"output {a!r} is computed from {b!r} after the gather" for a, b in derived[:1]]
     how = f"within {ulps} units of rounding ({'; '.join(why)})" if ulps else "bitwise"
-    result.exact = f"{held} {how}, rows {_rows(own.rows)}" + (
-        "" if held != "outputs" or not grads else f"; gradients not (deterministic: {result.deterministic})")
+    figures.exact = f"{held} {how}, rows {_rows(own.rows)}" + (
+        "" if held != "outputs" or not grads else f"; gradients not (deterministic: {figures.deterministic})")
+    return said
 
 
 def _own_media(run: Sharded) -> tuple[Mine, dict]:
@@ -279,10 +285,12 @@ def _own_media(run: Sharded) -> tuple[Mine, dict]:
     return own, encoded
 
 
-def _hold_grads(run: Sharded, whose: str, sub, ref_out, received, rows, ulps: int, pixels: bool) -> bool:
+def _hold_grads(run: Sharded, whose: str, sub, ref_out, received, rows, ulps: int,
+                pixels: bool) -> tuple[bool, list[Finding]]:
     """This rank's parameter (and, with ``pixels``, input) gradients against the regrouped run's, given the gradient
-    its rows received; whether they were held (not: the regrouped backward does not repeat itself bit for bit)."""
-    result, batch = run.arm.result, run.batch
+    its rows received: whether they were held (not: the regrouped backward does not repeat itself bit for bit), and
+    the failures."""
+    figures, batch, rank = run.arm.telemetry, run.batch, run.arm.rank
     named = list(run.arm.model.named_parameters())
     params = [p for _, p in named]
     merged = loss.features_loss(ref_out, received)  # the case's merged loss, as the tower sees it
@@ -295,13 +303,12 @@ def _hold_grads(run: Sharded, whose: str, sub, ref_out, received, rows, ulps: in
     # left to the other checks. Run again only then: a correct run pays for one backward here, not two.
     same = within_ulps(got, or_zeros(want, [*inputs, *params]), ulps)
     if not (same or _repeats(want, torch.autograd.grad(merged, [*inputs, *params], allow_unused=True))):
-        result.deterministic = f"{result.deterministic}, but the regrouped run's backward did not repeat itself"
-        return False
-    if not (same and ulps == 0):  # bitwise all together is bitwise each; else each part is judged alone
-        if pixels:
-            _exact(result, "input grads", whose, got[0], want[0], ulps)
-        _exact_params(result, whose, named, want[len(inputs):], ulps)
-    return True
+        figures.deterministic = f"{figures.deterministic}, but the regrouped run's backward did not repeat itself"
+        return False, []
+    if same and ulps == 0:  # bitwise all together is bitwise each; else each part is judged alone
+        return True, []
+    lines = [_exact("input grads", whose, got[0], want[0], ulps)] if pixels else []
+    return True, found(FAILURE, rank, *lines, _exact_params(whose, named, want[len(inputs):], ulps))
 
 
 def derived_outputs(out: dict, reach: int = 64) -> list[tuple[str, str]]:
@@ -321,19 +328,20 @@ def derived_outputs(out: dict, reach: int = 64) -> list[tuple[str, str]]:
     return found
 
 
-def _same_copies(result, out, cp_group) -> None:
+def _same_copies(arm: Arm, out) -> list[Finding]:
     """Every CP rank's gathered copy of every output is the same bits (a gather copies, it does not compute): with
     each rank's own rows held to its regrouped run, every row of every copy is then its owner's exact result."""
-    cp = dist.get_world_size(cp_group)
+    cp = dist.get_world_size(arm.cp_group)
     prints = torch.zeros(len(out), cp, dtype=torch.float64, device=next(iter(out.values())).device)
     for i, t in enumerate(out.values()):
-        prints[i, result.cp_rank] = fingerprint(t.detach())
-    prints = comm.all_reduce_sum(prints, cp_group)
+        prints[i, arm.cp_rank] = fingerprint(t.detach())
+    prints = comm.all_reduce_sum(prints, arm.cp_group)
+    said = []
     for (name, _), row in zip(out.items(), prints):
-        if row[result.cp_rank] != row[0]:  # said by the rank whose copy is not rank 0's
-            result.failures.append(f"exact (regrouped): outputs{'' if len(out) == 1 else f' {name!r}'}: rank "
-                                   f"{result.rank} (CP rank {result.cp_rank})'s gathered copy is not bitwise CP rank "
-                                   f"0's (a gather copies)")
+        if row[arm.cp_rank] != row[0]:  # said by the rank whose copy is not rank 0's
+            said += found(FAILURE, arm.rank, f"exact (regrouped): outputs{'' if len(out) == 1 else f' {name!r}'}: "
+                                             f"{arm.whose}'s gathered copy is not bitwise CP rank 0's (a gather copies)")
+    return said
 
 
 def fingerprint(t: torch.Tensor) -> float:
@@ -355,29 +363,29 @@ def _encode(impl, model, batch, rows):
         return sub, outputs_of(impl.encode(model, impl.inputs(sub)), f"{impl.name}.encode")
 
 
-def _exact(result, what: str, whose: str, got, expected, ulps: int) -> None:
+def _exact(what: str, whose: str, got, expected, ulps: int) -> str | None:
     if got is None or got.shape != expected.shape:
         shape = "nothing" if got is None else f"shape {tuple(got.shape)}"
-        result.failures.append(f"exact (regrouped): {what} of {whose}: {shape}, an unsharded encode of exactly "
-                               f"them gives {tuple(expected.shape)}")
-    elif not within_ulps([got], [expected], ulps):
-        result.failures.append(f"exact (regrouped): {what} of {whose} differ from an unsharded encode of exactly them, "
-                               f"same dtype and grouping: relative 2-norm {precision.relative([got], [expected]):.3g}"
-                               f"{_allowed(got.dtype, ulps)}, max abs {precision.max_abs(got, expected):.3g}")
+        return (f"exact (regrouped): {what} of {whose}: {shape}, an unsharded encode of exactly them gives "
+                f"{tuple(expected.shape)}")
+    if not within_ulps([got], [expected], ulps):
+        return (f"exact (regrouped): {what} of {whose} differ from an unsharded encode of exactly them, same dtype "
+                f"and grouping: relative 2-norm {precision.relative([got], [expected]):.3g}"
+                f"{_allowed(got.dtype, ulps)}, max abs {precision.max_abs(got, expected):.3g}")
+    return None
 
 
-def _exact_params(result, whose: str, named, want, ulps: int) -> None:
+def _exact_params(whose: str, named, want, ulps: int) -> str | None:
     """Every parameter's gradient (as one vector within ``ulps``); the first one off is named."""
     params = [p for _, p in named]
     got = [grad_or_zeros(p) for p in params]
     want = or_zeros(want, params)
     if within_ulps(got, want, ulps):
-        return
+        return None
     off = next(i for i, (g, w) in enumerate(zip(got, want)) if not torch.equal(g, w))
-    result.failures.append(f"exact (regrouped): parameter grads of {whose} differ from an unsharded encode of "
-                           f"exactly them, given the gradient its rows received (first: {named[off][0]}, of "
-                           f"{len(params)}): relative 2-norm {precision.relative(got, want):.3g}"
-                           f"{_allowed(params[0].dtype, ulps)}")
+    return (f"exact (regrouped): parameter grads of {whose} differ from an unsharded encode of exactly them, given "
+            f"the gradient its rows received (first: {named[off][0]}, of {len(params)}): relative 2-norm "
+            f"{precision.relative(got, want):.3g}{_allowed(params[0].dtype, ulps)}")
 
 
 def _repeats(first, second) -> bool:
