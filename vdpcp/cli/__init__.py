@@ -14,14 +14,14 @@ import os
 import pkgutil
 import sys
 
+from vdpcp.matrix.choices import DTYPES  # a leaf without torch: a case's own dtype names
 from vdpcp.usage import UsageError, number  # a leaf the reports import too; the subcommands import them from here
 
 # Choices the subcommands share, kept literal so `vdpcp --help` need not import torch; tests/unit/test_cli.py
-# holds them equal to vdpcp.matrix.case.DTYPES / LOSSES and vdpcp.feature.plan.STRATEGIES. Implementations and their
+# holds them equal to vdpcp.matrix.case.LOSSES and vdpcp.feature.plan.STRATEGIES. Implementations and their
 # partitions are not a fixed choice: --impl takes a registered name or module:object (vdpcp.impls.resolve
 # checks it), --split any partition an implementation names (checked_splits).
 SPLITS = ("count", "balanced", "packed")  # the reference's
-DTYPES = ("float64", "float32", "bfloat16")
 LOSSES = ("rank", "zigzag")
 BACKENDS = ("auto", "nccl", "gloo")
 

@@ -19,7 +19,7 @@ from vdpcp.harness.worker import setting_up
 from vdpcp.matrix import budget
 from vdpcp.matrix.case import FAILURE, GRAD_WRITTEN, NOT_SHARDED, NOTE, UNBALANCED, Case, Finding, RankResult, Telemetry
 from vdpcp.oracle import model_cache
-from vdpcp.oracle.compare import precision, regrouped, rounding
+from vdpcp.oracle.compare import determinism, precision, regrouped, rounding
 from vdpcp.oracle.compare.gradients import (
     check_input_grads,
     check_param_grads,
@@ -36,7 +36,7 @@ from vdpcp.oracle.observe.execution import Execution, check_layers_ran, check_pa
 from vdpcp.oracle.observe.split import contradicts, describe, judge_distribution, read_table
 from vdpcp.oracle.observe.telemetry import Clock, Memory
 from vdpcp.oracle.unsharded import (
-    DTYPES,
+    TORCH_DTYPES,
     Unencodable,
     Unsharded,
     held_config,
@@ -53,7 +53,7 @@ TURNS_ABOVE = 0.8
 def check(ctx, case: Case, impl, groups) -> RankResult:
     """Run ``case`` on this rank (its CP group in ``groups``) and compare with the unsharded encoder: every check's
     findings collected into the rank's result, in the order they ran."""
-    dtype, device = DTYPES[case.dtype], ctx.device
+    dtype, device = TORCH_DTYPES[case.dtype], ctx.device
     result = RankResult(ctx.rank, groups.cp_rank, backend=ctx.backend, device=str(device),
                         precision=rounding.in_effect(dtype, device))
     figures = result.telemetry
@@ -63,7 +63,7 @@ def check(ctx, case: Case, impl, groups) -> RankResult:
     clock.lap("build")
     arm = Arm(impl, case, model, dtype, device, ctx.rank, groups.cp_rank, groups.cp, groups.tp_rank, clock, figures)
     try:
-        with regrouped.deterministic(device, figures, model):
+        with determinism.deterministic(device, figures, model):
             with _turns(ctx, case, figures):
                 unsharded = _unsharded(arm, replica_spec(case, groups.dp_rank), result)
                 if figures.turns:  # the next rank's turn needs what this one's cached; else it fits beside it
@@ -136,7 +136,7 @@ def _sharded(arm: Arm, ref: Unsharded, swap=None) -> list[Finding]:
     arm.lap("sharded")
     # The comparisons below hold the gradients within tolerances, not bit for bit: deterministic algorithms off
     # (on CUDA the count sketch's index_add_ then takes its atomic kernel, not a sorting one).
-    with regrouped.relaxed():
+    with determinism.relaxed():
         pixels, held = _gradients(run, written)
     said += wrote + held
     arm.lap("gradients")

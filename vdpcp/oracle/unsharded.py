@@ -13,13 +13,14 @@ from vdpcp.feature import comm, loss
 from vdpcp.feature.grads import grad_or_zeros, or_zeros
 from vdpcp.feature.pixels import handed, loader_pixels, moves_pixels
 from vdpcp.matrix.case import Case
-from vdpcp.oracle.compare import precision, regrouped, rounding, sketch
+from vdpcp.oracle.compare import determinism, precision, rounding, sketch
 from vdpcp.oracle.compare.weights import dealt_ownership, own_media, owned_weight
 from vdpcp.oracle.context import Arm
 from vdpcp.oracle.observe import reads, traffic
 from vdpcp.oracle.observe.execution import Execution
 
-DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+# A case's dtype names (vdpcp.matrix.case.DTYPES) as torch's dtypes.
+TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 DP_SEED_STRIDE = 7919  # DP replica d encodes the case's microbatch drawn with seed + d * this
 
 
@@ -61,7 +62,7 @@ def sum_shared(unsharded: Unsharded | None) -> None:
     rank reads (rounding.Shared). Collectives: the oracle takes them outside any turn."""
     if unsharded is None:
         return
-    with regrouped.relaxed():  # sums held to nothing bit for bit (on CUDA: index_add_'s atomic kernel)
+    with determinism.relaxed():  # sums held to nothing bit for bit (on CUDA: index_add_'s atomic kernel)
         if unsharded.summed_over is not None:
             _sum_split(unsharded)
         if isinstance(unsharded.rounding, rounding.Shared):
@@ -120,14 +121,14 @@ def run_unsharded(arm: Arm, spec) -> Unsharded:
         except Exception as err:
             refused = err
     if refused is not None:
-        if regrouped.lacking(model, refused, arm.telemetry):  # an op with no deterministic kernel: again, allowed
+        if determinism.lacking(model, refused, arm.telemetry):  # an op with no deterministic kernel: again, allowed
             return run_unsharded(arm, spec)
         raise Unencodable(f"{type(refused).__name__}: {refused}") from refused
     try:
         whole = copies.bytes if isinstance(copies, traffic.Copies) else None
         return replace(_unsharded_rest(arm, spec, batch, out, ran), host_copies=whole)
     except RuntimeError as err:  # its backward (or its measuring run) ran an op with no deterministic kernel
-        if not regrouped.lacking(model, err, arm.telemetry):
+        if not determinism.lacking(model, err, arm.telemetry):
             raise
         for p in model.parameters():
             p.grad = None
@@ -160,7 +161,7 @@ def _unsharded_rest(arm: Arm, spec, batch, out, ran: Execution) -> Unsharded:
     arm.lap("unsharded")
     measured = rounding.Rounding()
     if precision.low(arm.dtype):
-        with regrouped.relaxed():
+        with determinism.relaxed():
             summed = {name: sum(w) for name, w in case_loss.weights.items()}
             ref = rounding.Reference(batch, out, grads, own_grads, summed, taken.own_weights, gradients)
             measured = _measure(arm, spec, ref, plan, sharded, case_loss.weights)
@@ -224,7 +225,7 @@ def splits(case: Case, own_weights: dict, sharded: bool, kinds, model, group) ->
     rank of the group decides alike: the same case, plan and tower."""
     if group is None or case.cp < 2 or any(w is None for w in own_weights.values()):
         return False
-    if precision.low(DTYPES[case.dtype]):
+    if precision.low(TORCH_DTYPES[case.dtype]):
         return sharded and kinds is not None
     return not sketch.pays(sum(p.numel() for p in model.parameters()))
 

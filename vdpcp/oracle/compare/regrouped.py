@@ -18,14 +18,10 @@ implementation is then bitwise equal, in
 Two things make a correct run round apart from the regrouped one, and are held within EXTRA_ROWS_ULPS units of the
 dtype's rounding instead: rows its tower took besides its media (padding frames: other GEMM shapes), and an output
 computed from another after the gather (``derived_outputs``: the ranks' gradients are then summed after that
-computation). The gradients are exact only where the backward is deterministic: always on the CPU; on CUDA under
-strict ``torch.use_deterministic_algorithms(True)``, which ``deterministic`` turns on for the case where the
-process started with ``CUBLAS_WORKSPACE_CONFIG`` set (cuBLAS reads it when CUDA starts), and restores after;
-``relaxed`` turns them off again for the stretches held only within a tolerance (the oracle's rounding measurement
-and whole-microbatch gradient comparisons). Where
-that is off, or the tower runs an op with no deterministic kernel (``lacking``), the gradients are left to the
-whole-microbatch checks and the outputs alone are held exactly (the forward is bitwise repeatable by itself:
-docs/precision.md).
+computation). The gradients are exact only where the backward is deterministic (vdpcp.oracle.compare.determinism:
+always on the CPU, on CUDA under strict deterministic algorithms). Where that is off, or the tower runs an op with
+no deterministic kernel, the gradients are left to the whole-microbatch checks and the outputs alone are held
+exactly (the forward is bitwise repeatable by itself: docs/precision.md).
 
 Which rows a rank encoded and where their tokens are in the gathered features come from the implementation's
 plan; without one, from the read table (which rows reached each rank's tower), provided each rank's rows are one
@@ -35,10 +31,6 @@ here and ``RankResult.exact`` says why.
 
 from __future__ import annotations
 
-import os
-import warnings
-import weakref
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
@@ -48,16 +40,13 @@ from vdpcp.contract.protocol import outputs_of
 from vdpcp.feature import comm, loss
 from vdpcp.feature.grads import grad_or_zeros, or_zeros
 from vdpcp.feature.spec import Microbatch, MicrobatchSpec
-from vdpcp.oracle.compare import precision
 from vdpcp.matrix.case import FAILURE, Finding
+from vdpcp.oracle.compare import precision
+from vdpcp.oracle.compare.determinism import exact_grads
 from vdpcp.oracle.context import Arm, Sharded
 from vdpcp.oracle.failures import found
 from vdpcp.oracle.observe.execution import Execution
 
-NONDETERMINISTIC = "does not have a deterministic implementation"  # torch's error (its warning under warn_only)
-CPU, ON = "cpu", "on"  # RankResult.deterministic where the backward is
-STRICT = ("cuda",)  # devices whose cases run under deterministic algorithms (the CPU's kernels already are)
-_LACKING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> an op it ran with no deterministic kernel
 # Where a rank's tower took rows besides its media (Automodel's local zero frames below 96 patch rows, say), its GEMMs
 # had other shapes than the regrouped run's: measured 1.1-1.7 units of float64's rounding apart on the toy towers.
 EXTRA_ROWS_ULPS = 16
@@ -72,92 +61,6 @@ class Mine:
     rows: list[int]
     tokens: torch.Tensor | None  # indices into the gathered outputs; None: not known, and ``why``
     why: str = ""
-
-
-@contextmanager
-def deterministic(device: torch.device, result, model):
-    """Deterministic algorithms for the case, where they make the backward exact: on CUDA, if cuBLAS can take
-    them (CUBLAS_WORKSPACE_CONFIG set before CUDA started: the caller's environment, e.g.
-    ``CUBLAS_WORKSPACE_CONFIG=:4096:8``). ``result.deterministic`` says what held; the previous setting is
-    restored after (it is process-global).
-
-    They are strict (``warn_only=False``): under ``warn_only`` torch keeps flash and memory-efficient attention's
-    backward on their non-deterministic kernels and says so once per process, so the regrouped run's gradients
-    differ run to run and the exact check could not hold them. A ``model`` whose unsharded
-    arm raised for an op with no deterministic kernel (``lacking``) runs under ``warn_only`` from then on, and its
-    gradients are left to the whole-microbatch checks."""
-    if device.type not in STRICT:
-        result.deterministic = CPU  # the CPU kernels the arms run are deterministic for a fixed thread count
-        yield
-        return
-    if device.type == "cuda" and not os.environ.get("CUBLAS_WORKSPACE_CONFIG"):
-        result.deterministic = "off (CUBLAS_WORKSPACE_CONFIG unset when CUDA started)"
-        yield
-        return
-    before = _setting()
-    cudnn_sdp = torch.backends.cuda.cudnn_sdp_enabled()
-    op = _LACKING.get(model)
-    torch.use_deterministic_algorithms(True, warn_only=op is not None)
-    # cuDNN's attention backward has no deterministic kernel and says nothing, even under strict mode; flash and
-    # memory-efficient attention have one, so SDPA picks one of them for the case.
-    torch.backends.cuda.enable_cudnn_sdp(False)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            result.deterministic = ON if op is None else _none(op)
-            yield
-        for w in caught:
-            if NONDETERMINISTIC in str(w.message):  # under warn_only: its gradients were not exact after all
-                result.deterministic = _none(str(w.message).split(" does not")[0])
-            else:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    finally:
-        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-        torch.backends.cuda.enable_cudnn_sdp(cudnn_sdp)
-
-
-@contextmanager
-def relaxed():
-    """Deterministic algorithms off for a stretch held only within a tolerance (the exact run that measures the
-    arms' rounding, vdpcp.oracle.compare.rounding.measure): nothing there is compared bit for bit, so it pays nothing for
-    determinism (in float32 at the real size, attention's deterministic backward) and no op of it can be refused.
-    The case's setting comes back after, for the sharded arm and the regrouped runs that are held exactly."""
-    before = _setting()
-    if not before[0]:
-        yield
-        return
-    torch.use_deterministic_algorithms(False)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(True, warn_only=before[1])
-
-
-def lacking(model, err: BaseException, result) -> bool:
-    """Whether ``err`` is strict deterministic algorithms refusing an op of ``model`` that has no deterministic
-    kernel (bilinear interpolation's CUDA backward, say). If so the op is remembered for the model, the rest of the
-    case runs under ``warn_only``, and the caller runs its arm again; every rank raises alike there (the unsharded
-    arm, before any collective), so every rank runs it again alike."""
-    if _setting() != (True, False) or NONDETERMINISTIC not in str(err):
-        return False
-    _LACKING[model] = str(err).split(" does not")[0]
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    result.deterministic = _none(_LACKING[model])
-    return True
-
-
-def _setting() -> tuple[bool, bool]:
-    """Deterministic algorithms' process-global setting: (on, warn_only), as use_deterministic_algorithms(on, warn_only=...) takes it."""
-    return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-
-
-def _none(op: str) -> str:
-    return f"on, but {op} has none"
-
-
-def exact_grads(result) -> bool:
-    """Whether this rank's backward was deterministic, so its gradients can be held bitwise."""
-    return result.deterministic in (CPU, ON)
 
 
 def mine(plan, read: torch.Tensor, cp_rank: int, cp_group, counts_of) -> Mine:
