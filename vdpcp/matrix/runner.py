@@ -34,17 +34,14 @@ from vdpcp.matrix.case import (
 from vdpcp.matrix.expectations import JUDGED, KNOWN_LIMIT_GRACE_S, PASSING, PRECEDENCE, judge, known_limit, resource_failure
 from vdpcp.tools import mutants
 
-# What every case body imports, besides its implementation's own preload. A rank worker forked after a faulted
-# case would otherwise import them again; preloaded into the rank zygote, it starts in milliseconds. So is
-# torch.distributed.tensor: torch.testing.assert_close (the oracle's every comparison) imports it at its first call,
-# a second of CPU in each fresh worker where no other preload brings it.
+# What every case body imports besides its implementation's own preload, torch.distributed.tensor included (the
+# oracle's assert_close imports it at its first call): preloaded in the rank zygote, a fresh worker need not.
 RANK_PRELOAD = ("vdpcp.matrix.runner", "torch.distributed.tensor")
 
 
 CORRECT = ("pass", "replicated")  # verdicts of a run whose every check held
-# The verdicts a run decides itself, in vdpcp.matrix.expectations.PRECEDENCE's order (the judge adds the rest), and the
-# RankResult field by which any one rank says so. A finding's kind decides its verdict (FINDINGS); MESSAGES names
-# each kind's lines on a RankResult, which are also the messages a case reports.
+# The verdicts a run decides itself, in vdpcp.matrix.expectations.PRECEDENCE's order, by the RankResult field any one
+# rank says it with; a finding's kind decides its verdict (FINDINGS), its lines (MESSAGES) are the case's messages.
 RUN_VERDICTS = tuple(v for v in PRECEDENCE if v not in JUDGED)
 FINDINGS = {"fail": FAILURE, "plan-mismatch": PLAN_MISMATCH, "grad-written": GRAD_WRITTEN, "not-sharded": NOT_SHARDED,
             "unbalanced": UNBALANCED}
@@ -150,7 +147,7 @@ def run_case(case: Case, backend: str | None = None, timeout: float | None = Non
              fault_grace: float | None = None) -> CaseResult:
     """Run ``case`` on its ``case.world_size`` ranks. Skips and xfails raised in a rank propagate to the caller.
 
-    ``fault_grace``: seconds the other ranks get to finish once one rank raised (the harness's default is 3 s), or
+    ``fault_grace``: seconds the other ranks get to finish once one rank raised (None: the harness's default), or
     as long as that rank had run if longer.
     """
     chosen = resolve_backend(backend, case.world_size)  # once: the expectation and the run use the same backend

@@ -30,9 +30,8 @@ class Unsharded:
 
     batch: object
     out: dict[str, torch.Tensor]  # detached
-    # the parameter gradients under the summed loss, set aside from the model; None where they are the sum of the CP
-    # ranks' own shares (``summed_over``) until _sum_split sums them, and after it where they are too large to send:
-    # the summed check then sums sketches of the shares (vdpcp.oracle.compare.sketch)
+    # the summed loss's parameter gradients, set aside; None while they are the CP ranks' own shares (``summed_over``),
+    # and where too large to send, so the summed check sums the shares' sketches (vdpcp.oracle.compare.sketch)
     grads: list[torch.Tensor | None] | None
     own_grads: list[torch.Tensor] | None  # this rank's own share (None: no plan to say which rows are its own)
     ran: set[str]  # layers that ran
@@ -208,7 +207,8 @@ def _measure(arm: Arm, spec, ref: rounding.Reference, plan, sharded: bool, weigh
     group, kinds = arm.cp_group, own_media(plan, spec, arm.cp_rank)  # the exact run's chunks kept to one owner
     share = _share(plan, kinds, ref.gradients, ref.own_grads, group, arm.cp_rank)
     split = ref.own_weights if ref.own_grads is not None else None
-    deal = dealt_ownership(arm.impl, spec, ref.out, group) if share is None and plan is None and sharded and group else None
+    dealt = share is None and plan is None and sharded and group
+    deal = dealt_ownership(arm.impl, spec, ref.out, group) if dealt else None
     if deal is not None:  # no plan: vdpcp's own deal of whole media items, for the exact run alone
         kinds, share = own_media(deal, spec, arm.cp_rank), rounding.Share(group, arm.cp_rank, deal)
         split = {name: owned_weight(deal, True, w, arm.cp_rank, arm.device) for name, w in weights.items()}

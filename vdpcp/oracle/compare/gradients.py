@@ -37,7 +37,9 @@ def not_carried(flags: torch.Tensor) -> str:
     sharded, unsharded = (int(f) for f in flags.tolist())
     if sharded and unsharded:
         return ""
-    return "no CP rank's sharded pixels got a gradient" if not sharded else "the unsharded encode's pixels got no gradient"
+    if not sharded:
+        return "no CP rank's sharded pixels got a gradient"
+    return "the unsharded encode's pixels got no gradient"
 
 
 def check_input_grads(run: Sharded, summed: list[torch.Tensor]) -> list[Finding]:
@@ -107,10 +109,11 @@ def _compare_images(arm: Arm, what: str, actual, expected, cu_seqlens, rows, sla
 
 def check_param_grads(arm: Arm, expected, extra, slack, shares=None,
                       shares_sketch=None) -> tuple[list[torch.Tensor], list[Finding]]:
-    """``arm.model``'s parameter gradients summed over ``arm.cp_group`` against ``expected`` (one per parameter, in order; None:
-    the unsharded run gives none), in buckets of precision.BUCKET elements: one collective per bucket, the first
-    also carrying the ``extra`` tensors to sum (returned summed, with the findings). float64 element by element (the first parameter
-    off is named); below it as one vector within rtol + ``slack``. ``expected`` None: it is the sum over ``group``
+    """``arm.model``'s parameter gradients summed over ``arm.cp_group`` against ``expected`` (one per parameter, in
+    order; None: the unsharded run gives none), in buckets of precision.BUCKET elements: one collective per bucket,
+    the first also carrying the ``extra`` tensors to sum (returned summed, with the findings). float64 element by
+    element (the first parameter off is named); below it as one vector within rtol + ``slack``. ``expected`` None:
+    it is the sum over the group
     of each rank's ``shares`` (vdpcp.oracle.unsharded._sum_split), summed as sketches; ``shares_sketch``, where
     given, is this rank's shares already sketched, on this device and over the same parameters in order
     (rounding.Rounding.own_share_sketch)."""

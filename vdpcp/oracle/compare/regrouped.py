@@ -47,8 +47,8 @@ from vdpcp.oracle.context import Arm, Sharded
 from vdpcp.oracle.failures import found
 from vdpcp.oracle.observe.execution import Execution
 
-# Where a rank's tower took rows besides its media (Automodel's local zero frames below 96 patch rows, say), its GEMMs
-# had other shapes than the regrouped run's: measured 1.1-1.7 units of float64's rounding apart on the toy towers.
+# Where a rank's tower took rows besides its media (padding frames, say), its GEMMs had other shapes than the
+# regrouped run's: a few units of rounding apart, well inside this.
 EXTRA_ROWS_ULPS = 16
 BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # an element's bits as an integer of its width
 MASK, FINGERPRINT_SEED = 2**48 - 1, 35
@@ -201,9 +201,8 @@ def _hold_grads(run: Sharded, whose: str, sub, ref_out, received, rows, ulps: in
     want = torch.autograd.grad(merged, [*inputs, *params], allow_unused=True, retain_graph=True)
     picked = patch_index([int(c) for c in batch.cu_seqlens], rows).to(batch.patches.device) if pixels else None
     got = ([grad_or_zeros(batch.patches)[:, picked]] if pixels else []) + [grad_or_zeros(p) for p in params]
-    # Equal: held. Not equal: the same backward again, for where it does not repeat itself bit for bit (a kernel
-    # with no deterministic path that said nothing) no bitwise verdict on gradients can be fair, and they are
-    # left to the other checks. Run again only then: a correct run pays for one backward here, not two.
+    # Not equal: the same backward again, since where it does not repeat itself bit for bit no bitwise verdict on
+    # gradients is fair (they are left to the other checks). Only then, so a correct run pays for one backward.
     same = within_ulps(got, or_zeros(want, [*inputs, *params]), ulps)
     if not (same or _repeats(want, torch.autograd.grad(merged, [*inputs, *params], allow_unused=True))):
         figures.deterministic = f"{figures.deterministic}, but the regrouped run's backward did not repeat itself"
@@ -242,8 +241,9 @@ def _same_copies(arm: Arm, out) -> list[Finding]:
     said = []
     for (name, _), row in zip(out.items(), prints):
         if row[arm.cp_rank] != row[0]:  # said by the rank whose copy is not rank 0's
-            said += found(FAILURE, arm.rank, f"exact (regrouped): outputs{'' if len(out) == 1 else f' {name!r}'}: "
-                                             f"{arm.whose}'s gathered copy is not bitwise CP rank 0's (a gather copies)")
+            what = f"outputs{'' if len(out) == 1 else f' {name!r}'}"
+            said += found(FAILURE, arm.rank, f"exact (regrouped): {what}: {arm.whose}'s gathered copy is not "
+                                             f"bitwise CP rank 0's (a gather copies)")
     return said
 
 

@@ -206,7 +206,7 @@ def measure(arm, ref: Reference, chunk: int | None = None, kinds=None, share: Sh
         raise ValueError("rounding.measure: a shared exact run needs the media's kinds and, with gradients, the rank's "
                          "own weights (its share of the summed loss)")
     tower = next(iter(ref.out.values()))  # the tower's dtype and device, whatever the pixels came in (vdpcp.feature.pixels)
-    exact = copy.deepcopy(arm.model).to(EXACT[tower.dtype])  # the same weights; its gradients were set aside: none copied
+    exact = copy.deepcopy(arm.model).to(EXACT[tower.dtype])  # the same weights, and no gradient: they were set aside
     params = list(exact.parameters())
     pixels = grads and ref.batch.patches.requires_grad  # pixels are data unless the arms differentiate them
     # the values the arms' towers took (a loader's float32 pixels rounded to a bf16 tower's dtype), exactly
@@ -216,7 +216,8 @@ def measure(arm, ref: Reference, chunk: int | None = None, kinds=None, share: Sh
                    [None] * len(params), [None] * len(params))
     with exact_math(tower.dtype, tower.device), torch.set_grad_enabled(grads):  # outputs only: no graph to keep
         try:
-            _run_chunks(arm.impl, exact, ref, replace(ref.batch, patches=patches), chunk or EXACT_CHUNK, kinds, share, sums)
+            chunks = replace(ref.batch, patches=patches)
+            _run_chunks(arm.impl, exact, ref, chunks, chunk or EXACT_CHUNK, kinds, share, sums)
         except Exception as err:  # shared: raised on every rank alike below, so no rank waits in a collective
             if share is None:
                 raise
@@ -245,7 +246,8 @@ def _run_chunks(impl, exact, ref: Reference, batch, chunk: int, kinds, share: Sh
                 sums.outputs[name][start : start + rows] = 2 * row_relative(ref.out[name][start : start + rows], t)
         if ref.gradients:
             part = None if ref.own_weights is None else _slice(ref.own_weights, start, rows)
-            sums.own, sums.rest = _backward(params, out, _slice(ref.weights, start, rows), part, sums.own, sums.rest, hp)
+            summed = _slice(ref.weights, start, rows)
+            sums.own, sums.rest = _backward(params, out, summed, part, sums.own, sums.rest, hp)
             if share is not None:
                 sums.rest = [None] * len(params)  # the other ranks' shares: each adds its own
         start += rows
@@ -264,8 +266,8 @@ def _whole(ref: Reference, sums: _Chunks, patches, pixels: bool) -> Rounding:
 
 def _shared(share: Share, ref: Reference, sums: _Chunks, patches, params) -> Shared:
     """This rank's part of a shared exact run, down to what the sums need: its own rows' figures and its own share's
-    gradient as a count sketch above sketch.WIDTH parameters (8 MB, where the gradient is the tower's size), so it
-    holds nothing large while its peers take their turns."""
+    gradient as a count sketch above sketch.WIDTH parameters (not the tower's size), so it holds nothing large while
+    its peers take their turns."""
     device = patches.device
     if sums.failed is not None:
         return Shared(share, device, sums.failed)

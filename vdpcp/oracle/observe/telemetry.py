@@ -15,8 +15,7 @@ class Clock:
     """Seconds per phase of a case on this rank (build, unsharded, exact, sharded, gradients: their sums over ranks
     and comparison), into ``telemetry.seconds``. On CUDA each lap waits for the device first: kernels run after the
     host queued them, so an unsynchronised lap bills a phase's GPU work to whichever later phase first waits for
-    a result (on the H200 in float32, the exact run, which runs without deterministic algorithms, read 1.25 s or
-    5.35 s by whether the arms before it ran under them: unsynchronised, the phases could not say which was slow)."""
+    a result, and the phases could not say which was slow."""
 
     def __init__(self, telemetry: Telemetry, device: torch.device | None = None):
         self.telemetry, self.device = telemetry, device
