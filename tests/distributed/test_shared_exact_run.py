@@ -18,6 +18,7 @@ from vdpcp.matrix.case import Case
 from vdpcp.matrix.scenarios import SCENARIOS, matrix
 from vdpcp.oracle import arms
 from vdpcp.oracle.compare import rounding, sketch, weights
+from vdpcp.oracle.context import Arm
 
 SPECS = {s.spec.name: s.spec for s in SCENARIOS}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -61,9 +62,9 @@ def _measured(ctx, spec_name: str, dtype: str, width: int | None, raise_on: int 
         p.grad = None
     kinds = oracle.own_media(plan, case.spec, ctx.rank)
     share = rounding.Share(None, ctx.rank, plan)
-    args = (model, batch, out, grads, own_grads, summed, own_weights, True)
+    ref = rounding.Reference(batch, out, grads, own_grads, summed, own_weights, True)
     if raise_on is not None:
-        part = rounding.measure(_Raising(impl, ctx.rank == raise_on), *args, kinds=kinds, share=share)
+        part = rounding.measure(Arm(_Raising(impl, ctx.rank == raise_on), model=model), ref, kinds=kinds, share=share)
         try:  # this rank's part never raises: its sums do, on every rank
             part.summed()
         except Exception as err:  # noqa: BLE001 - what each rank raised is the result
@@ -73,11 +74,11 @@ def _measured(ctx, spec_name: str, dtype: str, width: int | None, raise_on: int 
     sketch.WIDTH = width or saved  # a narrow sketch: the toy tower takes it; restored before the worker's next case
     try:
         if parts:
-            args = (model, batch, out, comm.all_reduce_sums(own_grads), own_grads, summed, own_weights, True)
-        whole = rounding.measure(impl, *args, kinds=kinds)
+            ref = rounding.Reference(batch, out, comm.all_reduce_sums(own_grads), own_grads, summed, own_weights, True)
+        whole = rounding.measure(Arm(impl, model=model), ref, kinds=kinds)
         if parts:
-            args = (model, batch, out, None, own_grads, summed, own_weights, True)
-        part = rounding.measure(impl, *args, kinds=kinds, share=share)
+            ref = rounding.Reference(batch, out, None, own_grads, summed, own_weights, True)
+        part = rounding.measure(Arm(impl, model=model), ref, kinds=kinds, share=share)
         shared = part.summed()
         held = part.own.numel() if isinstance(part.own, torch.Tensor) else sum(g.numel() for g in part.own)
     finally:
@@ -152,8 +153,8 @@ def test_an_exact_run_that_raises_on_one_rank_raises_on_every_rank_and_none_wait
 def test_a_shared_exact_run_without_the_media_s_owners_is_refused_before_any_collective():
     impl = resolve("reference")
     with pytest.raises(ValueError, match="a shared exact run needs the media's kinds"):
-        rounding.measure(impl, None, None, {}, [], None, {}, None, True, kinds=None,
-                          share=rounding.Share(None, 0, Ownership((0,), (1,), (0,))))
+        rounding.measure(Arm(impl), rounding.Reference(None, {}, [], None, {}, None, True), kinds=None,
+                         share=rounding.Share(None, 0, Ownership((0,), (1,), (0,))))
 
 
 # --- where the oracle shares it ----------------------------------------------------------------------------------
@@ -224,8 +225,8 @@ def _wrong_tokens(ctx):
     plan = impl.plan(case.spec, case.config)
     extra = () if ctx.rank == 0 else (1,)  # a row past the microbatch's: its chunks run, its masks cannot be laid
     share = rounding.Share(None, ctx.rank, Ownership(plan.owner + extra, plan.tokens + extra, plan.placeholders))
-    part = rounding.measure(impl, model, batch, out, None, None, {}, None, False,
-                             kinds=oracle.own_media(plan, case.spec, ctx.rank), share=share)
+    part = rounding.measure(Arm(impl, model=model), rounding.Reference(batch, out, None, None, {}, None, False),
+                            kinds=oracle.own_media(plan, case.spec, ctx.rank), share=share)
     try:
         part.summed()
     except Exception as err:  # noqa: BLE001 - what each rank raised is the result

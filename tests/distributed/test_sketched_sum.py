@@ -12,6 +12,7 @@ import torch
 from vdpcp.matrix.case import Case, RankResult
 from vdpcp.matrix.scenarios import SCENARIOS
 from vdpcp.oracle.compare import gradients, precision, rounding, sketch
+from vdpcp.oracle.context import Arm
 
 
 def _grads(rank: int):
@@ -31,7 +32,9 @@ def sketched_sum(ctx, off: float):
     try:
         result = RankResult(ctx.rank)
         extra = torch.full((2,), float(ctx.rank + 1), dtype=torch.bfloat16)
-        (summed,) = gradients.check_param_grads(result, model, expected, None, [extra], torch.bfloat16, 0.0)
+        arm = Arm(model=model, dtype=torch.bfloat16, rank=ctx.rank, telemetry=result.telemetry)
+        (summed,), said = gradients.check_param_grads(arm, expected, [extra], 0.0)
+        result.add(said)
     finally:
         sketch.WIDTH = width
     return result.failures, summed.tolist(), result.param_grad_err != result.param_grad_err
@@ -70,7 +73,8 @@ def sketched_shares(ctx, off: float):
     sketch.WIDTH = 1024
     try:
         result = RankResult(ctx.rank)
-        gradients.check_param_grads(result, model, None, None, [], torch.bfloat16, 0.0, shares)
+        arm = Arm(model=model, dtype=torch.bfloat16, rank=ctx.rank, telemetry=result.telemetry)
+        result.add(gradients.check_param_grads(arm, None, [], 0.0, shares)[1])
     finally:
         sketch.WIDTH = width
     return result.failures

@@ -82,7 +82,8 @@ def test_a_secondary_output_left_ungathered_fails_and_the_report_names_it():
 def test_a_plan_for_fewer_rows_than_ran_is_held_to_the_rows_it_covers():
     read = torch.tensor([[True, False, False], [False, True, True]])  # rows 0, 1, 2 on ranks 0, 1, 1
     result = RankResult(0)
-    split.judge_distribution(result, read, Ownership(owner=(1, 1), tokens=(4, 4), placeholders=(0, 0)), True, False)
+    result.add(split.judge_distribution(result.rank, read, Ownership(owner=(1, 1), tokens=(4, 4), placeholders=(0, 0)),
+                                        True, False))
     assert result.plan_mismatch == ["plan mismatch: row 0 encoded on rank 0, the plan says rank 1"], result.plan_mismatch
 
 

@@ -16,12 +16,13 @@ from vdpcp.oracle.observe import split
 ])
 def test_a_row_encoded_on_two_ranks_is_not_sharded_and_named_with_its_ranks(read, said):
     result = RankResult(0)
-    split.judge_distribution(result, torch.tensor(read), None, True, False)
+    result.add(split.judge_distribution(result.rank, torch.tensor(read), None, True, False))
     assert result.not_sharded == [f"not sharded: 1 of 3 rows encoded on more than one rank ({said})"], result.not_sharded
     assert result.failures == [] and result.plan_mismatch == []
 
 
 def test_rows_each_on_one_rank_are_sharded():
     result = RankResult(0)
-    split.judge_distribution(result, torch.tensor([[True, False, True], [False, True, False]]), None, True, False)
+    result.add(split.judge_distribution(result.rank, torch.tensor([[True, False, True], [False, True, False]]), None,
+                                        True, False))
     assert (result.not_sharded, result.failures, result.plan_mismatch) == ([], [], [])

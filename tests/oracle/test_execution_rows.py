@@ -22,7 +22,14 @@ from vdpcp.feature.spec import MicrobatchSpec
 from vdpcp.harness import run_ranks
 from vdpcp.matrix.case import RankResult
 from vdpcp.oracle.compare import gradients
+from vdpcp.oracle.context import Arm
 from vdpcp.oracle.observe import execution, split
+
+
+def _at(result: RankResult, model=None) -> Arm:
+    """The arm a check runs in, on ``result``'s rank, its figures going to ``result``'s telemetry."""
+    return Arm(model=model, rank=result.rank, cp_rank=result.cp_rank, telemetry=result.telemetry)
+
 
 HIDDEN = 6
 
@@ -71,9 +78,9 @@ def test_a_skipped_tower_lists_three_of_its_layers_and_parameters():
     reference_ran, ran = oracle.Execution(reference), oracle.Execution(model)
     reference(torch.ones(1, 2)).sum().backward()  # every layer ran, every parameter has a gradient
     result = RankResult(rank=3, cp_rank=1)
-    execution.check_layers_ran(result, reference_ran.ran(), ran)
+    result.add(execution.check_layers_ran(_at(result), reference_ran.ran(), ran))
     given = [p.grad is not None for p in reference.parameters()]
-    execution.check_param_grads_exist(result, given, model, reference_ran.ran(), ran.names)
+    result.add(execution.check_param_grads_exist(_at(result, model), given, reference_ran.ran(), ran.names))
     skipped, missing = result.failures
     assert skipped == ("execution: rank 3 (CP rank 1) read no row and ran no layer of its tower (no plan says what it "
                        "holds; layers never run: 0, 1, 2); every rank must run its tower, placeholders included"), skipped
@@ -87,7 +94,7 @@ def test_a_rank_that_ran_no_layer_is_told_what_it_read_and_what_its_plan_gave_it
     result.read = []
     with oracle.Execution(Tower()) as ran:
         pass
-    execution.check_layers_ran(result, {"block.0"}, ran, plan)
+    result.add(execution.check_layers_ran(_at(result), {"block.0"}, ran, plan))
     assert result.failures == [f"execution: rank 1 (CP rank 1) read no row and ran no layer of its tower (its plan gives "
                                f"it {given}; layers never run: block.0); every rank must run its tower, placeholders "
                                f"included"]
@@ -101,7 +108,7 @@ def ownership_on_every_rank(ctx):
     read = torch.ones(ctx.world_size, 6, dtype=torch.bool)
     result = RankResult(ctx.rank, cp_rank=ctx.rank)
     holders = comm.all_reduce_sum(gradients._holding(batch, grad, ctx.world_size, ctx.rank), ctx.group)
-    gradients._check_ownership(result, batch, grad, grad, None, read, holders, 0.0)
+    result.add(gradients._check_ownership(_at(result), batch, grad, grad, None, read, holders, 0.0))
     return result.failures
 
 
@@ -144,7 +151,7 @@ def _ownership_of(rows: int) -> str:
     grad = torch.ones_like(batch.patches)
     both = torch.ones(2, rows)
     result = RankResult(0, cp_rank=0)
-    gradients._check_ownership(result, batch, grad, grad, None, both.bool(), both, 0.0)
+    result.add(gradients._check_ownership(_at(result), batch, grad, grad, None, both.bool(), both, 0.0))
     (said,) = result.failures
     return said
 
@@ -169,7 +176,8 @@ def _ownership(cp_rank, holders, read, grad, ref_grad):
     batch = MicrobatchSpec(images=((4, 4),) * 3, name="three").tensors()
     result = RankResult(cp_rank, cp_rank=cp_rank)
     grad, ref_grad = grad(batch.patches), ref_grad(batch.patches)
-    gradients._check_ownership(result, batch, grad, ref_grad, None, torch.tensor(read), torch.tensor(holders, dtype=torch.float64), 0.0)
+    result.add(gradients._check_ownership(_at(result), batch, grad, ref_grad, None, torch.tensor(read),
+                                          torch.tensor(holders, dtype=torch.float64), 0.0))
     return result.failures
 
 
@@ -215,7 +223,7 @@ def test_every_layer_every_real_share_took_is_required_on_a_placeholder_rank():
                                  "head": torch.nn.Linear(2, 2)})
     with oracle.Execution(tower) as seen:
         tower["embed"](torch.ones(1, 2))
-    execution.check_layers_ran(result, _required(ran, 2), seen)
+    result.add(execution.check_layers_ran(_at(result), _required(ran, 2), seen))
     assert result.failures == ["execution: rank 2 (CP rank 2) skipped 2 layer(s) that every rank holding real rows "
                                "ran (block, head); a rank must run its whole tower, placeholders included"]
 
@@ -236,8 +244,8 @@ def test_a_parameter_of_a_layer_not_required_here_may_have_no_gradient():
     tower["embed"](torch.ones(1, 2)).sum().backward()
     given = [True for _ in tower.parameters()]  # unsharded, both embedders ran
     result = RankResult(rank=0, cp_rank=0)
-    execution.check_param_grads_exist(result, given, tower, {"embed"}, ["embed", "video"])
+    result.add(execution.check_param_grads_exist(_at(result, tower), given, {"embed"}, ["embed", "video"]))
     assert result.failures == []
-    execution.check_param_grads_exist(result, given, tower, {"embed", "video"}, ["embed", "video"])
+    result.add(execution.check_param_grads_exist(_at(result, tower), given, {"embed", "video"}, ["embed", "video"]))
     assert result.failures == ["execution: rank 0 (CP rank 0) has no gradient for 2 parameter(s) the unsharded run "
                                "gives one (video.weight, video.bias)"]

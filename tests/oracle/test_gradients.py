@@ -11,6 +11,7 @@ import torch
 
 from vdpcp.matrix.case import RankResult
 from vdpcp.oracle.compare import gradients, precision, sketch
+from vdpcp.oracle.context import Arm
 
 
 @pytest.mark.parametrize("width", [sketch.WIDTH, 16])  # float64 sums the gradients themselves at any size
@@ -23,7 +24,8 @@ def test_float64_parameter_gradients_off_name_the_first_parameter_off_once(monke
     expected[2] += 1.0
     result = RankResult(0)
     extra = torch.ones(2, dtype=torch.float64)
-    (summed,) = gradients.check_param_grads(result, model, expected, None, [extra], torch.float64, 0.0)
+    (summed,), said = gradients.check_param_grads(Arm(model=model, telemetry=result.telemetry), expected, [extra], 0.0)
+    result.add(said)
     assert torch.equal(summed, extra)
     (said,) = result.failures
     assert said.startswith("param grads (summed over ranks): 0.bias: Tensor-likes are not close!"), said
@@ -55,7 +57,9 @@ def test_a_tower_larger_than_the_sketch_is_summed_as_a_sketch_held_to_the_same_b
     true = precision.relative(grads, expected) / precision.RTOL[torch.bfloat16]  # what an exact sum would measure
     result = RankResult(0)
     extra = torch.ones(3, dtype=torch.bfloat16)
-    (summed,) = gradients.check_param_grads(result, model, expected, None, [extra], torch.bfloat16, 0.0)
+    arm = Arm(model=model, dtype=torch.bfloat16, telemetry=result.telemetry)
+    (summed,), said = gradients.check_param_grads(arm, expected, [extra], 0.0)
+    result.add(said)
     assert torch.equal(summed, extra) and math.isnan(result.param_grad_err)  # no element-wise figure: not measured
     assert abs(true - off) < 0.1
     if off <= 1:
@@ -70,7 +74,8 @@ def test_a_tower_no_larger_than_the_sketch_sums_its_gradients_as_they_are(monkey
     monkeypatch.setattr(sketch, "WIDTH", 1681)
     model, grads = _bf16_grads()
     result = RankResult(0)
-    gradients.check_param_grads(result, model, grads, None, [], torch.bfloat16, 0.0)
+    result.add(gradients.check_param_grads(Arm(model=model, dtype=torch.bfloat16, telemetry=result.telemetry), grads,
+                                           [], 0.0)[1])
     assert result.failures == [] and result.param_grad_err == 0.0  # measured element by element: none off
 
 
@@ -125,11 +130,11 @@ def test_a_text_stream_difference_that_is_exactly_the_write_is_not_said_again_an
     written, losses, prompt = _merged_backward(write=True)
     got, want, wrote = prompt.grads(), losses.table_grads(0), handed.in_tables(written, losses)
     result = RankResult(0)
-    gradients.check_text(result, got, want, losses.tokens, "this rank alone")
+    result.add(gradients.check_text(Arm(), got, want, losses.tokens, "this rank alone"))
     assert len(result.failures) == 1 and "text grads 'features' (this rank alone)" in result.failures[0]
     result = RankResult(0)
-    gradients.check_text(result, got, want, losses.tokens, "this rank alone", wrote)
+    result.add(gradients.check_text(Arm(), got, want, losses.tokens, "this rank alone", wrote))
     assert result.failures == []  # the write explains it
     got["deepstack0"] = got["deepstack0"] + 1.0  # a difference no write explains
-    gradients.check_text(result, got, want, losses.tokens, "this rank alone", wrote)
+    result.add(gradients.check_text(Arm(), got, want, losses.tokens, "this rank alone", wrote))
     assert len(result.failures) == 1 and "text grads 'deepstack0' (this rank alone)" in result.failures[0]

@@ -13,6 +13,7 @@ from vdpcp.matrix.case import Case, RankResult
 from vdpcp.matrix.runner import run_judged
 from vdpcp.matrix.scenarios import SCENARIOS, matrix
 from vdpcp.oracle import arms
+from vdpcp.oracle.context import Arm
 
 SPECS = {s.spec.name: s.spec for s in SCENARIOS}
 SUBJECTS = "tests.oracle.subjects"
@@ -64,7 +65,8 @@ def test_encoding_the_whole_microbatch_under_no_grad_beside_its_share_reads_ever
 def _graphless(out: dict, read: list[int]) -> list[str]:
     result = RankResult(rank=1, cp_rank=1)
     result.read = read
-    arms._graphless(result, out, {name: True for name in out}, None)
+    at = Arm(rank=result.rank, cp_rank=result.cp_rank, telemetry=result.telemetry)
+    result.add(arms._graphless(at, out, {name: True for name in out}, None)[1])
     return result.failures
 
 

@@ -5,7 +5,6 @@ the slack it is given decides. In-process, a CP group of one whose unsharded arm
 oracle says no rank-alone check: its own gradients are the sum)."""
 
 from dataclasses import replace
-from types import SimpleNamespace
 
 import torch
 
@@ -14,6 +13,7 @@ from vdpcp.impls.reference import Reference
 from vdpcp.matrix.case import Case, RankResult
 from vdpcp.matrix.scenarios import SCENARIOS
 from vdpcp.oracle import arms, unsharded
+from vdpcp.oracle.context import Arm
 
 SPEC = next(s.spec for s in SCENARIOS if s.spec.name == "three-images")
 OFF = 0.1  # the rank's own expected gradients 10% larger: its own are 1/11 = 9.1% off them
@@ -34,11 +34,11 @@ def _rank_alone(params_slack: float, own_slack: float, said: bool = True) -> lis
     case = Case(SPEC, 1, impl.name, dtype="bfloat16")
     model = impl.build_model(case, torch.bfloat16, cpu)
     result = RankResult(0)
-    clock = oracle.Clock(result)
-    ref = unsharded.run_unsharded(impl, case, model, SPEC, result, 0, cpu, clock)
+    arm = Arm(impl, case, model, torch.bfloat16, cpu, clock=oracle.Clock(result), telemetry=result.telemetry)
+    ref = unsharded.run_unsharded(arm, SPEC)
     ref = replace(ref, sharded=True, own_grads=[g * (1 + OFF) for g in ref.own_grads],
                   rounding=replace(ref.rounding, params=params_slack, own_params=own_slack))
-    arms._sharded(impl, case, model, ref, result, SimpleNamespace(cp_rank=0, dp_rank=0, tp_rank=0, cp=None), clock)
+    result.add(arms._sharded(arm, ref))  # CP rank 0 of a group of one
     assert not [f for f in result.failures if "summed over ranks" in f], result.failures  # the sum is exact
     if not said:
         return result.param_grad_err

@@ -17,7 +17,8 @@ from vdpcp.matrix.case import Case, RankResult
 from vdpcp.matrix.runner import run_case
 from vdpcp.matrix.scenarios import matrix
 from vdpcp.oracle import unsharded
-from vdpcp.oracle.compare import regrouped, rounding
+from vdpcp.oracle.compare import determinism, regrouped, rounding
+from vdpcp.oracle.context import Arm
 
 VIDEO = MicrobatchSpec(images=((8, 8),) * 5 + ((8, 12),) * 2, num_frames=(3, 1, 1, 2), temporal_patch_size=2, seed=3,
                        name="video")
@@ -79,15 +80,15 @@ def _flags() -> tuple[bool, bool]:
 def test_strict_deterministic_algorithms_are_turned_on_on_cuda_only_where_cublas_allows_and_restored(monkeypatch):
     cuda, before, model = torch.device("cuda"), _flags(), torch.nn.Linear(2, 2)
     result = RankResult(0)
-    with regrouped.deterministic(torch.device("cpu"), result, model):
+    with determinism.deterministic(torch.device("cpu"), result, model):
         assert _flags() == before
-    assert result.deterministic == "cpu" and regrouped.exact_grads(result)
+    assert result.deterministic == "cpu" and determinism.exact_grads(result)
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    with regrouped.deterministic(cuda, result, model):
+    with determinism.deterministic(cuda, result, model):
         assert _flags() == before
-    assert result.deterministic.startswith("off") and not regrouped.exact_grads(result)
+    assert result.deterministic.startswith("off") and not determinism.exact_grads(result)
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    with pytest.raises(KeyError), regrouped.deterministic(cuda, result, model):  # restored even when the case raises
+    with pytest.raises(KeyError), determinism.deterministic(cuda, result, model):  # restored even when the case raises
         assert _flags() == (True, False)  # strict: under warn_only torch keeps flash attention's backward atomic
         raise KeyError("a case that raised")
     assert _flags() == before and result.deterministic == "on"
@@ -98,22 +99,23 @@ def test_an_op_with_no_deterministic_kernel_reruns_the_unsharded_arm_under_warn_
     """Strict mode refuses the op (in the forward, or the backward as bilinear interpolation's on CUDA): the
     unsharded arm runs again under warn_only, the case goes on with its gradients not held exactly, and the model's
     later cases start under warn_only. Strict mode is CUDA's; turned on here on the CPU, where put_ is refused too."""
-    monkeypatch.setattr(regrouped, "STRICT", ("cuda", "cpu"))
+    monkeypatch.setattr(determinism, "STRICT", ("cuda", "cpu"))
     impl, cpu, before = getattr(subjects, subject), torch.device("cpu"), _flags()
     case = _case("eight-equal-cp2-reference-count").with_(impl=f"tests.oracle.subjects:{subject}")
     model, spec = impl.build_model(case, torch.float64, cpu), oracle.replica_spec(case, 0)
     result = RankResult(0)
-    with regrouped.deterministic(cpu, result, model):
+    with determinism.deterministic(cpu, result, model):
         assert _flags() == (True, False)
-        ref = unsharded.run_unsharded(impl, case, model, spec, result, 0, cpu, oracle.Clock(result))
+        ref = unsharded.run_unsharded(Arm(impl, case, model, torch.float64, cpu, clock=oracle.Clock(result),
+                                          telemetry=result.telemetry), spec)
         assert _flags() == (True, True)
     assert _flags() == before
-    assert ref is not None and result.unsharded_error is None, result.unsharded_error
-    assert result.deterministic == "on, but put_ has none" and not regrouped.exact_grads(result)
-    plain = unsharded.run_unsharded(impl, case, model, spec, RankResult(0), 0, cpu, oracle.Clock(RankResult(0)))
+    assert ref is not None  # an unsharded error would have raised unsharded.Unencodable
+    assert result.deterministic == "on, but put_ has none" and not determinism.exact_grads(result)
+    plain = unsharded.run_unsharded(Arm(impl, case, model, torch.float64, cpu), spec)
     assert all(torch.equal(a, b) for a, b in zip(ref.grads, plain.grads))  # no gradient left over from the refusal
     later = RankResult(0)
-    with regrouped.deterministic(cpu, later, model):
+    with determinism.deterministic(cpu, later, model):
         assert _flags() == (True, True)
     assert later.deterministic == "on, but put_ has none"
 
@@ -123,12 +125,12 @@ def test_relaxed_turns_deterministic_algorithms_off_for_its_stretch_and_gives_ba
     try:
         for setting in [(True, False), (True, True)]:
             torch.use_deterministic_algorithms(setting[0], warn_only=setting[1])
-            with pytest.raises(KeyError), regrouped.relaxed():
+            with pytest.raises(KeyError), determinism.relaxed():
                 assert _flags() == (False, False)
                 raise KeyError("a check that raised")
             assert _flags() == setting
         torch.use_deterministic_algorithms(False)
-        with regrouped.relaxed():
+        with determinism.relaxed():
             assert _flags() == (False, False)
         assert _flags() == (False, False)
     finally:
@@ -138,7 +140,7 @@ def test_relaxed_turns_deterministic_algorithms_off_for_its_stretch_and_gives_ba
 def test_the_rounding_measurement_runs_outside_deterministic_algorithms_and_the_arms_inside(monkeypatch):
     """The exact run that measures rounding is held to nothing bit for bit: it leaves deterministic algorithms off
     (in float32 at the real size they cost attention's fast backward), and the arms after it get them back."""
-    monkeypatch.setattr(regrouped, "STRICT", ("cuda", "cpu"))
+    monkeypatch.setattr(determinism, "STRICT", ("cuda", "cpu"))
     measured, measure = [], rounding.measure
 
     def watched(*args, **kwargs):
@@ -149,8 +151,9 @@ def test_the_rounding_measurement_runs_outside_deterministic_algorithms_and_the_
     case = _case("eight-equal-cp2-reference-count", dtype="float32")
     impl, cpu = resolve(case.impl), torch.device("cpu")
     model, spec, result = impl.build_model(case, torch.float32, cpu), oracle.replica_spec(case, 0), RankResult(0)
-    with regrouped.deterministic(cpu, result, model):
-        ref = unsharded.run_unsharded(impl, case, model, spec, result, 0, cpu, oracle.Clock(result))
+    with determinism.deterministic(cpu, result, model):
+        ref = unsharded.run_unsharded(Arm(impl, case, model, torch.float32, cpu, clock=oracle.Clock(result),
+                                          telemetry=result.telemetry), spec)
         assert _flags() == (True, False)
     assert ref is not None and measured == [(False, False)], measured
     assert result.deterministic == "on"

@@ -99,7 +99,8 @@ FLOORS = [
     ("vdpcp.oracle.compare.sketch", set()),
     # The oracle reads a case's record and its sizing, never the matrix that runs or judges it.
     ("vdpcp.oracle", {"vdpcp.contract", "vdpcp.feature", "vdpcp.harness", "vdpcp.matrix.case", "vdpcp.matrix.budget"}),
-    ("vdpcp.matrix.case", {"vdpcp.contract", "vdpcp.feature", "vdpcp.impls"}),
+    ("vdpcp.matrix.choices", set()),  # a case's choices by name, which the command line offers without torch
+    ("vdpcp.matrix.case", {"vdpcp.contract", "vdpcp.feature", "vdpcp.impls", "vdpcp.matrix.choices"}),
     ("vdpcp.matrix.budget", {"vdpcp.contract", "vdpcp.feature", "vdpcp.impls", "vdpcp.harness.config"}),
 ]
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from vdpcp.oracle.compare import precision, rounding
+from vdpcp.oracle.context import Arm
 
 from .precision_runs import SPECS, exact_copy, unsharded_run
 
@@ -48,8 +49,8 @@ def test_the_exact_run_in_chunks_measures_what_it_measures_whole():
     """A tower encodes each image on its own, so the exact run may go a few images at a time: the same figures."""
     run = unsharded_run("video-and-images", seed=0)
     impl, model, batch, out, grads, weights = run.impl, run.model, run.batch, run.out, run.grads, run.weights
-    whole, chunked = (rounding.measure(impl, model, batch, out, grads, None, weights, None, True, chunk=c)
-                      for c in (10**9, 1))
+    ref = rounding.Reference(batch, out, grads, None, weights, None, True)
+    whole, chunked = (rounding.measure(Arm(impl, model=model), ref, chunk=c) for c in (10**9, 1))
     assert whole.params == pytest.approx(chunked.params, rel=1e-6)
     assert torch.allclose(whole.input, chunked.input, rtol=1e-6)
     assert torch.allclose(whole.outputs["features"], chunked.outputs["features"], rtol=1e-6)
@@ -67,8 +68,10 @@ def test_the_exact_runs_own_share_is_its_own_losss_gradient_and_leaves_the_summe
     own_exact = torch.autograd.grad((impl.encode(exact, replace(batch, patches=batch.patches.detach().double()))
                                      * own_weights["features"].double()).sum(), list(exact.parameters()), allow_unused=True)
     own_exact = [torch.zeros_like(p) if g is None else g for p, g in zip(exact.parameters(), own_exact)]
-    alone = rounding.measure(impl, model, batch, out, grads, own_exact, weights, own_weights, True, chunk=chunk)
-    without = rounding.measure(impl, model, batch, out, grads, None, weights, None, True, chunk=chunk)
+    arm = Arm(impl, model=model)
+    alone = rounding.measure(arm, rounding.Reference(batch, out, grads, own_exact, weights, own_weights, True),
+                             chunk=chunk)
+    without = rounding.measure(arm, rounding.Reference(batch, out, grads, None, weights, None, True), chunk=chunk)
     assert alone.own_params < 1e-12  # the same float64 gradient, summed over chunks
     assert torch.allclose(alone.input, without.input, rtol=1e-9) and alone.params == pytest.approx(without.params, rel=1e-9)
 
@@ -99,8 +102,8 @@ def test_chunks_kept_to_one_owner_take_one_backward_each_and_measure_what_mixed_
     figures = {}
     for hint in (None, kinds):
         calls = _backwards(monkeypatch)
-        figures[hint] = rounding.measure(run.impl, run.model, run.batch, run.out, run.grads, list(own_exact),
-                                          run.weights, share, True, chunk=10**9, kinds=hint)
+        ref = rounding.Reference(run.batch, run.out, run.grads, list(own_exact), run.weights, share, True)
+        figures[hint] = rounding.measure(Arm(run.impl, model=run.model), ref, chunk=10**9, kinds=hint)
         monkeypatch.undo()
         figures[hint, "backwards"] = len(calls)
     assert (figures[None, "backwards"], figures[kinds, "backwards"]) == (2, 3)  # one mixed chunk; three unmixed

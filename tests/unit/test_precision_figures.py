@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from vdpcp.oracle.compare import precision, rounding
+from vdpcp.oracle.context import Arm
 
 from .precision_runs import exact_copy, unsharded_run
 
@@ -60,7 +61,8 @@ def test_a_row_message_states_its_own_slack_halved_as_the_distance_it_measured()
 def test_the_slack_of_every_quantity_is_twice_its_distance_from_the_exact_run():
     run = unsharded_run("three-images", seed=3, own=True)
     impl, batch, out, grads, own = run.impl, run.batch, run.out, run.grads, run.own
-    measured = rounding.measure(impl, run.model, batch, out, grads, own, run.weights, run.own_weights, True)
+    measured = rounding.measure(Arm(impl, model=run.model),
+                                rounding.Reference(batch, out, grads, own, run.weights, run.own_weights, True))
 
     exact = exact_copy(run)
     weights, own_weights = run.weights, run.own_weights

@@ -16,6 +16,7 @@ from vdpcp.feature.spec import MicrobatchSpec
 from vdpcp.impls import resolve
 from vdpcp.matrix.case import Case
 from vdpcp.oracle.compare import rounding
+from vdpcp.oracle.context import Arm
 
 SPEC = MicrobatchSpec(images=((8, 8), (8, 16), (16, 8)), seed=5, name="three-small")
 
@@ -48,10 +49,11 @@ def test_an_outputs_only_shared_exact_run_gives_every_rank_every_rows_owners_fig
     out = {"features": impl.encode(model, impl.inputs(batch)).detach()}
     plan = impl.plan(SPEC, case.config)
     kinds = [oracle.own_media(plan, SPEC, rank) for rank in range(2)]
-    whole = [rounding.measure(impl, model, batch, out, None, None, {}, None, False, kinds=k) for k in kinds]
+    arm, ref = Arm(impl, model=model), rounding.Reference(batch, out, None, None, {}, None, False)
+    whole = [rounding.measure(arm, ref, kinds=k) for k in kinds]
     groups = [Pair(), Pair()]
-    parts = [rounding.measure(impl, model, batch, out, None, None, {}, None, False, kinds=kinds[rank],
-                               share=rounding.Share(groups[rank], rank, plan)) for rank in range(2)]
+    parts = [rounding.measure(arm, ref, kinds=kinds[rank], share=rounding.Share(groups[rank], rank, plan))
+             for rank in range(2)]
     for rank in range(2):
         groups[rank].me, groups[rank].peer = parts[rank], parts[1 - rank]
     owner = [r for r, n in zip(plan.owner, plan.tokens) for _ in range(n)]

@@ -15,12 +15,12 @@ import sys
 import textwrap
 
 from vdpcp.cli.exit_codes import Exit, epilog
+from vdpcp.matrix.choices import DTYPES  # a leaf without torch: a case's own dtype names
 from vdpcp.usage import UsageError, number  # a leaf the reports import too; the subcommands import them from here
 
 # Choices the subcommands share, literal so that `vdpcp --help` imports no torch (tests/unit/test_cli.py holds them
 # to the code's). Implementations and their partitions are no fixed choice: checked_impls and checked_splits check them.
 SPLITS = ("count", "balanced", "packed")  # the reference's
-DTYPES = ("float64", "float32", "bfloat16")
 LOSSES = ("rank", "zigzag")
 BACKENDS = ("auto", "nccl", "gloo")
 

@@ -20,18 +20,15 @@ from vdpcp.impls import resolve
 from vdpcp.matrix.budget import GiB, KiB, MiB, TiB, human
 from vdpcp.matrix.case import Case
 
-# Every verdict, the most telling first: a case's verdict is the first that applies. The runner decides those of
-# a run (vdpcp.matrix.runner.CaseResult.verdict); the judge adds JUDGED, which need the case's expectation: xfail (a known
-# limit met the known way) outranks what the run says, xpass (a known limit that passed) only a correct run.
-# docs/verdicts.md shows the table; tests/unit/test_verdicts.py holds both to it.
+# Every verdict, the most telling first (docs/verdicts.md): a case's is the first that applies. The judge adds JUDGED
+# to the run's (vdpcp.matrix.runner): xfail outranks what the run says, xpass only a correct run.
 PRECEDENCE = ("resource", "xfail", "error", "unsharded-error", "fail", "plan-mismatch", "grad-written", "not-sharded",
               "unbalanced", "xpass", "replicated", "pass")
 JUDGED = ("xfail", "xpass")
 # pass and replicated are a correct run as the case expects it; xfail, a known upstream limit met the known way.
 PASSING = ("pass", "replicated", "xfail")
-# A case expected to fail a known way has one rank raise while the others wait in the collective: the raising
-# rank's error is all the verdict needs (its text carries the signature), so the others get this long, not the
-# harness's 3 s: every xfail case would otherwise wait out the longer grace.
+# A case expected to fail a known way has one rank raise while the others wait in the collective, and that rank's
+# error (its signature) is all the verdict needs: so the others get this long, not the harness's longer grace.
 KNOWN_LIMIT_GRACE_S = 0.1
 
 

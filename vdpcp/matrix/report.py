@@ -112,19 +112,22 @@ def check_record(row: CheckRow) -> dict:
         "verdict": row.verdict,
         "why": row.why,
         "seconds": round(row.seconds, 3),
-        "ranks": [
-            {"rank": r.rank, "cp_rank": r.cp_rank, "backend": r.backend, "device": r.device,
-             "collectives": r.collectives, "encoded": r.encoded,
-             "images": r.images, "placeholders": r.placeholders, "patches": r.patches,
-             "deterministic": r.deterministic, "exact": r.exact,
-             **{attr: _finite(getattr(r, attr)) for attr, _ in ERRORS}, "unchecked_grads": r.unchecked_grads,
-             "failures": r.failures, **({"notes": r.notes} if r.notes else {})}
-            for r in result.ranks
-        ],
+        "ranks": [_rank_record(r) for r in result.ranks],
         "failures": result.failures,
         **({"notes": result.notes} if result.notes else {}),
         **({"output": row.output} if row.output else {}),
     }
+
+
+def _rank_record(r) -> dict:
+    """One rank's part of a check record: its telemetry's figures, then its failures (and notes, where it has any)."""
+    t = r.telemetry
+    return {"rank": r.rank, "cp_rank": r.cp_rank, "backend": t.backend, "device": t.device,
+            "collectives": t.collectives, "encoded": t.encoded,
+            "images": t.images, "placeholders": t.placeholders, "patches": t.patches,
+            "deterministic": t.deterministic, "exact": t.exact,
+            **{attr: _finite(getattr(t, attr)) for attr, _ in ERRORS}, "unchecked_grads": r.unchecked_grads,
+            "failures": list(r.failures), **({"notes": list(r.notes)} if r.notes else {})}
 
 
 def check_junit(row: CheckRow) -> dict:

@@ -20,23 +20,32 @@ from vdpcp.harness import config as harness_config
 from vdpcp.harness.config import resolve_backend
 from vdpcp.impls import resolve
 from vdpcp.matrix import budget
-from vdpcp.matrix.case import Case, RankResult
+from vdpcp.matrix.case import (
+    FAILURE,
+    GRAD_WRITTEN,
+    LINES,
+    NOT_SHARDED,
+    NOTE,
+    PLAN_MISMATCH,
+    UNBALANCED,
+    Case,
+    RankResult,
+)
 from vdpcp.matrix.expectations import JUDGED, KNOWN_LIMIT_GRACE_S, PASSING, PRECEDENCE, judge, known_limit, resource_failure
 from vdpcp.tools import mutants
 
-# What every case body imports, besides its implementation's own preload. A rank worker forked after a faulted
-# case would otherwise import them again; preloaded into the rank zygote, it starts in milliseconds. So is
-# torch.distributed.tensor: torch.testing.assert_close (the oracle's every comparison) imports it at its first call,
-# a second of CPU in each fresh worker where no other preload brings it.
+# What every case body imports besides its implementation's own preload, torch.distributed.tensor included (the
+# oracle's assert_close imports it at its first call): preloaded in the rank zygote, a fresh worker need not.
 RANK_PRELOAD = ("vdpcp.matrix.runner", "torch.distributed.tensor")
 
 
 CORRECT = ("pass", "replicated")  # verdicts of a run whose every check held
-# The verdicts a run decides itself, in vdpcp.matrix.expectations.PRECEDENCE's order (the judge adds the rest), and the
-# RankResult field by which any one rank says so; MESSAGES are also the messages a case reports.
+# The verdicts a run decides itself, in vdpcp.matrix.expectations.PRECEDENCE's order, by the RankResult field any one
+# rank says it with; a finding's kind decides its verdict (FINDINGS), its lines (MESSAGES) are the case's messages.
 RUN_VERDICTS = tuple(v for v in PRECEDENCE if v not in JUDGED)
-MESSAGES = {"fail": "failures", "plan-mismatch": "plan_mismatch", "grad-written": "grad_written",
-            "not-sharded": "not_sharded", "unbalanced": "unbalanced"}
+FINDINGS = {"fail": FAILURE, "plan-mismatch": PLAN_MISMATCH, "grad-written": GRAD_WRITTEN, "not-sharded": NOT_SHARDED,
+            "unbalanced": UNBALANCED}
+MESSAGES = {verdict: next(name for name, of in LINES.items() if of == kind) for verdict, kind in FINDINGS.items()}
 RANK_FLAGS = {"unsharded-error": "unsharded_error", **MESSAGES, "replicated": "replicated"}
 
 
@@ -69,8 +78,8 @@ class CaseResult:
         if self.error is not None:
             return [self.error]
         unsharded = [f"rank {r.rank}: unsharded encoder raised {r.unsharded_error}" for r in self.ranks if r.unsharded_error]
-        return unsharded + [f"rank {r.rank}: {msg}" for verdict in RUN_VERDICTS if verdict in MESSAGES
-                            for r in self.ranks for msg in getattr(r, MESSAGES[verdict])]
+        return unsharded + [f"rank {r.rank}: {f.line}" for verdict in RUN_VERDICTS if verdict in FINDINGS
+                            for r in self.ranks for f in r.findings if f.kind == FINDINGS[verdict]]
 
     @property
     def unchecked_grads(self) -> str | None:
@@ -80,7 +89,7 @@ class CaseResult:
     @property
     def notes(self) -> list[str]:
         """What the ranks saw and said without a verdict (a write into the handed gradient where merges copy)."""
-        return [f"rank {r.rank}: {note}" for r in self.ranks for note in r.notes]
+        return [f"rank {r.rank}: {f.line}" for r in self.ranks for f in r.findings if f.kind == NOTE]
 
     @property
     def collectives(self) -> str:
@@ -130,7 +139,7 @@ def rank_body(ctx, case: Case) -> RankResult:
     groups = layout.groups(layout.Layout(case.cp, case.dp, case.tp))
     with mutants.applied(case.mutant, impl) as subject:
         result = oracle.check(ctx, case, subject, groups)
-        result.planted = mutants.planted(subject)
+        result.telemetry.planted = mutants.planted(subject)
         return result
 
 
@@ -138,7 +147,7 @@ def run_case(case: Case, backend: str | None = None, timeout: float | None = Non
              fault_grace: float | None = None) -> CaseResult:
     """Run ``case`` on its ``case.world_size`` ranks. Skips and xfails raised in a rank propagate to the caller.
 
-    ``fault_grace``: seconds the other ranks get to finish once one rank raised (the harness's default is 3 s), or
+    ``fault_grace``: seconds the other ranks get to finish once one rank raised (None: the harness's default), or
     as long as that rank had run if longer.
     """
     chosen = resolve_backend(backend, case.world_size)  # once: the expectation and the run use the same backend

@@ -48,15 +48,23 @@ order; unsharded.py the unsharded arm, what the sharded one is held to; weights.
 this rank's own; execution.py what really ran (forward pre-hooks) and the execution checks; split.py whether the
 work was split as the case expects; gradients.py the input, parameter and text-stream gradient checks; handed.py
 the gradient handed each output's backward, and what the backward wrote into it; telemetry.py time and memory
-figures; failures.py a check's failure line into its result.
+figures; determinism.py deterministic algorithms, process-wide; context.py the arm and the sharded encode every
+check reads (each check returns its findings); failures.py a check's lines as findings.
 """
 
 from vdpcp.oracle.arms import TURNS_ABOVE, check
 from vdpcp.oracle.compare.weights import own_media, own_token_mask
 from vdpcp.oracle.observe.execution import Execution, input_rows, ran_by_rank, required_layers
 from vdpcp.oracle.observe.telemetry import Clock, Memory
-from vdpcp.oracle.unsharded import DP_SEED_STRIDE, DTYPES, Unsharded, gradients_checked, pixel_grads, replica_spec
+from vdpcp.oracle.unsharded import (
+    DP_SEED_STRIDE,
+    TORCH_DTYPES,
+    Unsharded,
+    gradients_checked,
+    pixel_grads,
+    replica_spec,
+)
 
-__all__ = ["DP_SEED_STRIDE", "DTYPES", "TURNS_ABOVE", "Clock", "Execution", "Memory", "Unsharded", "check",
+__all__ = ["DP_SEED_STRIDE", "TORCH_DTYPES", "TURNS_ABOVE", "Clock", "Execution", "Memory", "Unsharded", "check",
            "gradients_checked", "input_rows", "own_media", "own_token_mask", "pixel_grads", "ran_by_rank",
            "replica_spec", "required_layers"]

@@ -1,17 +1,13 @@
-"""A check's failure line into its result: a check returns one line or None, and only a line is kept."""
+"""A check's lines as findings: a check says one line or None, and only a line is kept."""
 
 from __future__ import annotations
 
-from vdpcp.matrix.case import RankResult
+from vdpcp.matrix.case import Finding
 
 
-def fail(result: RankResult, why: str | None) -> None:
-    fail_into(result.failures, why)
-
-
-def fail_into(lines: list[str], why: str | None) -> None:
-    if why:
-        lines.append(why)
+def found(kind: str, rank: int, *lines: str | None) -> list[Finding]:
+    """The findings of ``lines`` that say something, of ``kind`` on ``rank``."""
+    return [Finding(kind, rank, line) for line in lines if line]
 
 
 def label(what: str, name: str, outputs: dict) -> str:

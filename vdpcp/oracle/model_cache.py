@@ -1,12 +1,11 @@
 """A rank worker's models: built once per (implementation, size, dtype, device, what the build reads), then reused.
 
-Building a tower is most of what a real-size case cost: random initialisation of a 670M-parameter tower takes
-seconds, and each case built it three times on every rank (reference, subject, a float64 copy). Now the oracle
-borrows one model per case (``acquire``) and gives it back (``release``): its gradients reset, its requires_grad
-flags and train/eval modes as built, and its weights (and buffers) proven unchanged against a fingerprint taken
-when it was built. A case whose encode changed them fails, and the model is dropped, so no case ever sees another
-case's weights. What a build depends on is the implementation's ``model_key(case)`` (vdpcp.contract.protocol); None builds
-afresh for every case, as before.
+Building a real-size tower (its random initialisation) is most of what its case costs, so the oracle borrows one
+model per case (``acquire``) and gives it back (``release``): its gradients reset, its requires_grad flags and
+train/eval modes as built, and its weights (and buffers) proven unchanged against a fingerprint taken when it was
+built. A case whose encode changed them fails, and the model is dropped, so no case ever sees another case's
+weights. What a build depends on is the implementation's ``model_key(case)`` (vdpcp.contract.protocol); None builds
+afresh for every case.
 
 Models stay cached while their bytes together are under ``CAPACITY`` (the newest always stays), so a run over
 several subjects or dtypes keeps one big tower at a time; toy towers (kilobytes) all stay.
@@ -219,7 +218,7 @@ def _step(device: torch.device) -> int:
 # Elements a step. On a CPU, chunks that stay in cache (a larger chunk falls out of it and is ten times slower);
 # on a GPU fewer, larger steps, each a few kernel launches.
 _HASH_CHUNK = {"cpu": 1 << 16, "cuda": 1 << 22}
-# Positions with a weight of their own: a GPU keeps their table (32 MB), a CPU only what its tensors reach.
+# Positions with a weight of their own: a GPU keeps their whole table, a CPU only what its tensors reach.
 _SPAN = 1 << 22
 _SPAN_SALT = 1 << 40  # the spans' factors are drawn apart from the positions' weights
 _tables: dict[torch.device, torch.Tensor] = {}

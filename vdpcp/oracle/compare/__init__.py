@@ -1,5 +1,6 @@
 """How the oracle compares a sharded run with the unsharded one: the tolerance model (precision.py), a case's own
-rounding measured below float64 (rounding.py), the regrouped exact reference (regrouped.py), the gradient checks
+rounding measured below float64 (rounding.py), the regrouped exact reference (regrouped.py) and the deterministic
+algorithms it needs (determinism.py), the gradient checks
 (gradients.py), whose loss weights and rows a rank owns (weights.py), and count sketches of a real-size tower's
 parameter gradients (sketch.py).
 """

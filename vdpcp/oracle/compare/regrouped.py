@@ -18,14 +18,10 @@ implementation is then bitwise equal, in
 Two things make a correct run round apart from the regrouped one, and are held within EXTRA_ROWS_ULPS units of the
 dtype's rounding instead: rows its tower took besides its media (padding frames: other GEMM shapes), and an output
 computed from another after the gather (``derived_outputs``: the ranks' gradients are then summed after that
-computation). The gradients are exact only where the backward is deterministic: always on the CPU; on CUDA under
-strict ``torch.use_deterministic_algorithms(True)``, which ``deterministic`` turns on for the case where the
-process started with ``CUBLAS_WORKSPACE_CONFIG`` set (cuBLAS reads it when CUDA starts), and restores after;
-``relaxed`` turns them off again for the stretches held only within a tolerance (the oracle's rounding measurement
-and whole-microbatch gradient comparisons). Where
-that is off, or the tower runs an op with no deterministic kernel (``lacking``), the gradients are left to the
-whole-microbatch checks and the outputs alone are held exactly (the forward is bitwise repeatable by itself:
-docs/precision.md).
+computation). The gradients are exact only where the backward is deterministic (vdpcp.oracle.compare.determinism:
+always on the CPU, on CUDA under strict deterministic algorithms). Where that is off, or the tower runs an op with
+no deterministic kernel, the gradients are left to the whole-microbatch checks and the outputs alone are held
+exactly (the forward is bitwise repeatable by itself: docs/precision.md).
 
 Which rows a rank encoded and where their tokens are in the gathered features come from the implementation's
 plan; without one, from the read table (which rows reached each rank's tower), provided each rank's rows are one
@@ -35,10 +31,6 @@ here and ``RankResult.exact`` says why.
 
 from __future__ import annotations
 
-import os
-import warnings
-import weakref
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
@@ -48,15 +40,15 @@ from vdpcp.contract.protocol import outputs_of
 from vdpcp.feature import comm, loss
 from vdpcp.feature.grads import grad_or_zeros, or_zeros
 from vdpcp.feature.spec import Microbatch, MicrobatchSpec
+from vdpcp.matrix.case import FAILURE, Finding
 from vdpcp.oracle.compare import precision
+from vdpcp.oracle.compare.determinism import exact_grads
+from vdpcp.oracle.context import Arm, Sharded
+from vdpcp.oracle.failures import found
 from vdpcp.oracle.observe.execution import Execution
 
-NONDETERMINISTIC = "does not have a deterministic implementation"  # torch's error (its warning under warn_only)
-CPU, ON = "cpu", "on"  # RankResult.deterministic where the backward is
-STRICT = ("cuda",)  # devices whose cases run under deterministic algorithms (the CPU's kernels already are)
-_LACKING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> an op it ran with no deterministic kernel
-# Where a rank's tower took rows besides its media (Automodel's local zero frames below 96 patch rows, say), its GEMMs
-# had other shapes than the regrouped run's: measured 1.1-1.7 units of float64's rounding apart on the toy towers.
+# Where a rank's tower took rows besides its media (padding frames, say), its GEMMs had other shapes than the
+# regrouped run's: a few units of rounding apart, well inside this.
 EXTRA_ROWS_ULPS = 16
 BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # an element's bits as an integer of its width
 MASK, FINGERPRINT_SEED = 2**48 - 1, 35
@@ -69,92 +61,6 @@ class Mine:
     rows: list[int]
     tokens: torch.Tensor | None  # indices into the gathered outputs; None: not known, and ``why``
     why: str = ""
-
-
-@contextmanager
-def deterministic(device: torch.device, result, model):
-    """Deterministic algorithms for the case, where they make the backward exact: on CUDA, if cuBLAS can take
-    them (CUBLAS_WORKSPACE_CONFIG set before CUDA started: the caller's environment, e.g.
-    ``CUBLAS_WORKSPACE_CONFIG=:4096:8``). ``result.deterministic`` says what held; the previous setting is
-    restored after (it is process-global).
-
-    They are strict (``warn_only=False``): under ``warn_only`` torch keeps flash and memory-efficient attention's
-    backward on their non-deterministic kernels and says so once per process, so the regrouped run's gradients
-    differ run to run and the exact check could not hold them. A ``model`` whose unsharded
-    arm raised for an op with no deterministic kernel (``lacking``) runs under ``warn_only`` from then on, and its
-    gradients are left to the whole-microbatch checks."""
-    if device.type not in STRICT:
-        result.deterministic = CPU  # the CPU kernels the arms run are deterministic for a fixed thread count
-        yield
-        return
-    if device.type == "cuda" and not os.environ.get("CUBLAS_WORKSPACE_CONFIG"):
-        result.deterministic = "off (CUBLAS_WORKSPACE_CONFIG unset when CUDA started)"
-        yield
-        return
-    before = _setting()
-    cudnn_sdp = torch.backends.cuda.cudnn_sdp_enabled()
-    op = _LACKING.get(model)
-    torch.use_deterministic_algorithms(True, warn_only=op is not None)
-    # cuDNN's attention backward has no deterministic kernel and says nothing, even under strict mode; flash and
-    # memory-efficient attention have one, so SDPA picks one of them for the case.
-    torch.backends.cuda.enable_cudnn_sdp(False)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            result.deterministic = ON if op is None else _none(op)
-            yield
-        for w in caught:
-            if NONDETERMINISTIC in str(w.message):  # under warn_only: its gradients were not exact after all
-                result.deterministic = _none(str(w.message).split(" does not")[0])
-            else:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    finally:
-        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-        torch.backends.cuda.enable_cudnn_sdp(cudnn_sdp)
-
-
-@contextmanager
-def relaxed():
-    """Deterministic algorithms off for a stretch held only within a tolerance (the exact run that measures the
-    arms' rounding, vdpcp.oracle.compare.rounding.measure): nothing there is compared bit for bit, so it pays nothing for
-    determinism (in float32 at the real size, attention's deterministic backward) and no op of it can be refused.
-    The case's setting comes back after, for the sharded arm and the regrouped runs that are held exactly."""
-    before = _setting()
-    if not before[0]:
-        yield
-        return
-    torch.use_deterministic_algorithms(False)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(True, warn_only=before[1])
-
-
-def lacking(model, err: BaseException, result) -> bool:
-    """Whether ``err`` is strict deterministic algorithms refusing an op of ``model`` that has no deterministic
-    kernel (bilinear interpolation's CUDA backward, say). If so the op is remembered for the model, the rest of the
-    case runs under ``warn_only``, and the caller runs its arm again; every rank raises alike there (the unsharded
-    arm, before any collective), so every rank runs it again alike."""
-    if _setting() != (True, False) or NONDETERMINISTIC not in str(err):
-        return False
-    _LACKING[model] = str(err).split(" does not")[0]
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    result.deterministic = _none(_LACKING[model])
-    return True
-
-
-def _setting() -> tuple[bool, bool]:
-    """Deterministic algorithms' process-global setting: (on, warn_only), as use_deterministic_algorithms(on, warn_only=...) takes it."""
-    return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-
-
-def _none(op: str) -> str:
-    return f"on, but {op} has none"
-
-
-def exact_grads(result) -> bool:
-    """Whether this rank's backward was deterministic, so its gradients can be held bitwise."""
-    return result.deterministic in (CPU, ON)
 
 
 def mine(plan, read: torch.Tensor, cp_rank: int, cp_group, counts_of) -> Mine:
@@ -213,78 +119,98 @@ def patch_index(cu: list[int], rows: list[int]) -> torch.Tensor:
     return _spans([(cu[r], cu[r + 1]) for r in rows])
 
 
-def hold(result, impl, model, batch, out, weights, plan, read, cp_group, grads: bool, pixels: bool = False) -> None:
+def hold(run: Sharded, grads: bool, pixels: bool = False) -> list[Finding]:
     """Hold this rank's outputs (and, with ``grads`` and an exact backward, its parameter gradients, and with
-    ``pixels`` its input gradients) to the regrouped run of its own media; failures go to ``result.failures``, what
-    was held to ``result.exact``."""
-    encoded, cp_rank = {}, result.cp_rank
-    _same_copies(result, out, cp_group)
+    ``pixels`` its input gradients) to the regrouped run of its own media: its failures, and what was held in the
+    arm's ``telemetry.exact``."""
+    arm, out, figures = run.arm, run.out, run.arm.telemetry
+    said = _same_copies(arm, out)
+    own, encoded = _own_media(run)
+    whose = f"{arm.whose}'s own rows {_rows(own.rows)}"
+    if "error" in encoded:
+        return said + found(FAILURE, arm.rank, f"exact (regrouped): {whose} could not be encoded unsharded: "
+                                               f"{encoded['error']}")
+    if own.tokens is None or not own.rows:
+        figures.exact = f"not held: {own.why or 'no media of its own (placeholders only)'}"
+        return said
+    sub, ref_out = encoded["run"]
+    # Rows its tower took besides its media (placeholders, padding frames) change the GEMM shapes: not bitwise then.
+    extra = figures.encoded - encoded["rows"] if figures.encoded >= 0 else 0
+    ulps = EXTRA_ROWS_ULPS if extra > 0 else 0
+    tokens = own.tokens.to(next(iter(out.values())).device)
+    length = next(iter(out.values())).shape[0]
+    if tokens.numel() and int(tokens.max()) >= length:  # a stated plan that is not what ran (a stale split, say)
+        return said + found(FAILURE, arm.rank, f"exact (regrouped): {whose} sit at tokens {int(tokens.min())}.."
+                                               f"{int(tokens.max())} by its plan, past the {length} rows of the "
+                                               f"gathered outputs")
+    for name, expected in ref_out.items():
+        got = out[name].detach().index_select(0, tokens) if name in out else None
+        said += found(FAILURE, arm.rank, _exact(f"outputs{'' if len(ref_out) == 1 else f' {name!r}'}", whose, got,
+                                                expected.detach(), ulps))
+    held = "outputs"
+    derived = derived_outputs(out) if grads else []
+    if derived:  # their ranks' gradients were summed after that computation, in another order than any regrouped run
+        ulps = max(ulps, EXTRA_ROWS_ULPS)
+    if grads and exact_grads(figures):
+        received = {name: sum(w)[tokens] for name, w in run.ref.weights.items()}  # the gather's backward: the sum
+        repeated, off = _hold_grads(run, whose, sub, ref_out, received, own.rows, ulps, pixels)
+        said += off
+        if repeated:
+            held = f"outputs, {'input and ' if pixels else ''}parameter gradients"
+    why = [f"its tower took {extra} rows besides its media"] if extra > 0 else []
+    why += [f"output {a!r} is computed from {b!r} after the gather" for a, b in derived[:1]]
+    how = f"within {ulps} units of rounding ({'; '.join(why)})" if ulps else "bitwise"
+    figures.exact = f"{held} {how}, rows {_rows(own.rows)}" + (
+        "" if held != "outputs" or not grads else f"; gradients not (deterministic: {figures.deterministic})")
+    return said
+
+
+def _own_media(run: Sharded) -> tuple[Mine, dict]:
+    """This rank's own media (mine) and their regrouped run: ``encoded`` holds the run, the rows its tower took,
+    or the error it raised (said by the caller; the count still goes out, so no rank waits on this one)."""
+    arm, encoded = run.arm, {}
 
     def counts_of(rows: list[int]) -> int:
         if not rows:
             return 0  # nothing of its own: no encode (an empty microbatch is a limit of some towers)
         try:
-            with Execution(model) as ran:  # the rows the regrouped run's tower takes
-                encoded["run"] = _encode(impl, model, batch, rows)
+            with Execution(arm.model) as ran:  # the rows the regrouped run's tower takes
+                encoded["run"] = _encode(arm.impl, arm.model, run.batch, rows)
             encoded["rows"] = ran.rows
-        except Exception as err:  # said below; the count still goes out, so no rank waits on this one
+        except Exception as err:
             encoded["error"] = f"{type(err).__name__}: {err}"
             return -1
         return next(iter(encoded["run"][1].values())).shape[0]
 
-    own = mine(plan, read, cp_rank, cp_group, counts_of)
+    own = mine(run.plan, run.read, arm.cp_rank, arm.cp_group, counts_of)
     if own.rows and own.tokens is not None and not encoded:
         counts_of(own.rows)
-    whose = f"rank {result.rank} (CP rank {cp_rank})'s own rows {_rows(own.rows)}"
-    if "error" in encoded:
-        result.failures.append(f"exact (regrouped): {whose} could not be encoded unsharded: {encoded['error']}")
-        return
-    if own.tokens is None or not own.rows:
-        result.exact = f"not held: {own.why or 'no media of its own (placeholders only)'}"
-        return
-    sub, ref_out = encoded["run"]
-    # Rows its tower took besides its media (placeholders, padding frames) change the GEMM shapes: not bitwise then.
-    extra = result.encoded - encoded["rows"] if result.encoded >= 0 else 0
-    ulps = EXTRA_ROWS_ULPS if extra > 0 else 0
-    tokens = own.tokens.to(next(iter(out.values())).device)
-    length = next(iter(out.values())).shape[0]
-    if tokens.numel() and int(tokens.max()) >= length:  # a stated plan that is not what ran (a stale split, say)
-        result.failures.append(f"exact (regrouped): {whose} sit at tokens {int(tokens.min())}..{int(tokens.max())} by "
-                               f"its plan, past the {length} rows of the gathered outputs")
-        return
-    for name, expected in ref_out.items():
-        got = out[name].detach().index_select(0, tokens) if name in out else None
-        _exact(result, f"outputs{'' if len(ref_out) == 1 else f' {name!r}'}", whose, got, expected.detach(), ulps)
-    held = "outputs"
-    derived = derived_outputs(out) if grads else []
-    if derived:  # their ranks' gradients were summed after that computation, in another order than any regrouped run
-        ulps = max(ulps, EXTRA_ROWS_ULPS)
-    if grads and exact_grads(result):
-        received = {name: sum(w)[tokens] for name, w in weights.items()}  # the gather's backward: the sum over ranks
-        named = list(model.named_parameters())
-        params = [p for _, p in named]
-        merged = loss.features_loss(ref_out, received)  # the case's merged loss, as the tower sees it
-        inputs = [sub.patches] if pixels else []
-        want = torch.autograd.grad(merged, [*inputs, *params], allow_unused=True, retain_graph=True)
-        picked = patch_index([int(c) for c in batch.cu_seqlens], own.rows).to(batch.patches.device) if pixels else None
-        got = ([grad_or_zeros(batch.patches)[:, picked]] if pixels else []) + [grad_or_zeros(p) for p in params]
-        # Equal: held. Not equal: the same backward again, for where it does not repeat itself bit for bit (a kernel
-        # with no deterministic path that said nothing) no bitwise verdict on gradients can be fair, and they are
-        # left to the other checks. Run again only then: a correct run pays for one backward here, not two.
-        same = within_ulps(got, or_zeros(want, [*inputs, *params]), ulps)
-        if same or _repeats(want, torch.autograd.grad(merged, [*inputs, *params], allow_unused=True)):
-            if not (same and ulps == 0):  # bitwise all together is bitwise each; else each part is judged alone
-                if pixels:
-                    _exact(result, "input grads", whose, got[0], want[0], ulps)
-                _exact_params(result, whose, named, want[len(inputs):], ulps)
-            held = f"outputs, {'input and ' if pixels else ''}parameter gradients"
-        else:
-            result.deterministic = f"{result.deterministic}, but the regrouped run's backward did not repeat itself"
-    why = [f"its tower took {extra} rows besides its media"] if extra > 0 else []
-    why += [f"output {a!r} is computed from {b!r} after the gather" for a, b in derived[:1]]
-    how = f"within {ulps} units of rounding ({'; '.join(why)})" if ulps else "bitwise"
-    result.exact = f"{held} {how}, rows {_rows(own.rows)}" + (
-        "" if held != "outputs" or not grads else f"; gradients not (deterministic: {result.deterministic})")
+    return own, encoded
+
+
+def _hold_grads(run: Sharded, whose: str, sub, ref_out, received, rows, ulps: int,
+                pixels: bool) -> tuple[bool, list[Finding]]:
+    """This rank's parameter (and, with ``pixels``, input) gradients against the regrouped run's, given the gradient
+    its rows received: whether they were held (not: the regrouped backward does not repeat itself bit for bit), and
+    the failures."""
+    figures, batch, rank = run.arm.telemetry, run.batch, run.arm.rank
+    named = list(run.arm.model.named_parameters())
+    params = [p for _, p in named]
+    merged = loss.features_loss(ref_out, received)  # the case's merged loss, as the tower sees it
+    inputs = [sub.patches] if pixels else []
+    want = torch.autograd.grad(merged, [*inputs, *params], allow_unused=True, retain_graph=True)
+    picked = patch_index([int(c) for c in batch.cu_seqlens], rows).to(batch.patches.device) if pixels else None
+    got = ([grad_or_zeros(batch.patches)[:, picked]] if pixels else []) + [grad_or_zeros(p) for p in params]
+    # Not equal: the same backward again, since where it does not repeat itself bit for bit no bitwise verdict on
+    # gradients is fair (they are left to the other checks). Only then, so a correct run pays for one backward.
+    same = within_ulps(got, or_zeros(want, [*inputs, *params]), ulps)
+    if not (same or _repeats(want, torch.autograd.grad(merged, [*inputs, *params], allow_unused=True))):
+        figures.deterministic = f"{figures.deterministic}, but the regrouped run's backward did not repeat itself"
+        return False, []
+    if same and ulps == 0:  # bitwise all together is bitwise each; else each part is judged alone
+        return True, []
+    lines = [_exact("input grads", whose, got[0], want[0], ulps)] if pixels else []
+    return True, found(FAILURE, rank, *lines, _exact_params(whose, named, want[len(inputs):], ulps))
 
 
 def derived_outputs(out: dict, reach: int = 64) -> list[tuple[str, str]]:
@@ -304,19 +230,21 @@ def derived_outputs(out: dict, reach: int = 64) -> list[tuple[str, str]]:
     return found
 
 
-def _same_copies(result, out, cp_group) -> None:
+def _same_copies(arm: Arm, out) -> list[Finding]:
     """Every CP rank's gathered copy of every output is the same bits (a gather copies, it does not compute): with
     each rank's own rows held to its regrouped run, every row of every copy is then its owner's exact result."""
-    cp = dist.get_world_size(cp_group)
+    cp = dist.get_world_size(arm.cp_group)
     prints = torch.zeros(len(out), cp, dtype=torch.float64, device=next(iter(out.values())).device)
     for i, t in enumerate(out.values()):
-        prints[i, result.cp_rank] = fingerprint(t.detach())
-    prints = comm.all_reduce_sum(prints, cp_group)
+        prints[i, arm.cp_rank] = fingerprint(t.detach())
+    prints = comm.all_reduce_sum(prints, arm.cp_group)
+    said = []
     for (name, _), row in zip(out.items(), prints):
-        if row[result.cp_rank] != row[0]:  # said by the rank whose copy is not rank 0's
-            result.failures.append(f"exact (regrouped): outputs{'' if len(out) == 1 else f' {name!r}'}: rank "
-                                   f"{result.rank} (CP rank {result.cp_rank})'s gathered copy is not bitwise CP rank "
-                                   f"0's (a gather copies)")
+        if row[arm.cp_rank] != row[0]:  # said by the rank whose copy is not rank 0's
+            what = f"outputs{'' if len(out) == 1 else f' {name!r}'}"
+            said += found(FAILURE, arm.rank, f"exact (regrouped): {what}: {arm.whose}'s gathered copy is not "
+                                             f"bitwise CP rank 0's (a gather copies)")
+    return said
 
 
 def fingerprint(t: torch.Tensor) -> float:
@@ -338,29 +266,29 @@ def _encode(impl, model, batch, rows):
         return sub, outputs_of(impl.encode(model, impl.inputs(sub)), f"{impl.name}.encode")
 
 
-def _exact(result, what: str, whose: str, got, expected, ulps: int) -> None:
+def _exact(what: str, whose: str, got, expected, ulps: int) -> str | None:
     if got is None or got.shape != expected.shape:
         shape = "nothing" if got is None else f"shape {tuple(got.shape)}"
-        result.failures.append(f"exact (regrouped): {what} of {whose}: {shape}, an unsharded encode of exactly "
-                               f"them gives {tuple(expected.shape)}")
-    elif not within_ulps([got], [expected], ulps):
-        result.failures.append(f"exact (regrouped): {what} of {whose} differ from an unsharded encode of exactly them, "
-                               f"same dtype and grouping: relative 2-norm {precision.relative([got], [expected]):.3g}"
-                               f"{_allowed(got.dtype, ulps)}, max abs {precision.max_abs(got, expected):.3g}")
+        return (f"exact (regrouped): {what} of {whose}: {shape}, an unsharded encode of exactly them gives "
+                f"{tuple(expected.shape)}")
+    if not within_ulps([got], [expected], ulps):
+        return (f"exact (regrouped): {what} of {whose} differ from an unsharded encode of exactly them, same dtype "
+                f"and grouping: relative 2-norm {precision.relative([got], [expected]):.3g}"
+                f"{_allowed(got.dtype, ulps)}, max abs {precision.max_abs(got, expected):.3g}")
+    return None
 
 
-def _exact_params(result, whose: str, named, want, ulps: int) -> None:
+def _exact_params(whose: str, named, want, ulps: int) -> str | None:
     """Every parameter's gradient (as one vector within ``ulps``); the first one off is named."""
     params = [p for _, p in named]
     got = [grad_or_zeros(p) for p in params]
     want = or_zeros(want, params)
     if within_ulps(got, want, ulps):
-        return
+        return None
     off = next(i for i, (g, w) in enumerate(zip(got, want)) if not torch.equal(g, w))
-    result.failures.append(f"exact (regrouped): parameter grads of {whose} differ from an unsharded encode of "
-                           f"exactly them, given the gradient its rows received (first: {named[off][0]}, of "
-                           f"{len(params)}): relative 2-norm {precision.relative(got, want):.3g}"
-                           f"{_allowed(params[0].dtype, ulps)}")
+    return (f"exact (regrouped): parameter grads of {whose} differ from an unsharded encode of exactly them, given "
+            f"the gradient its rows received (first: {named[off][0]}, of {len(params)}): relative 2-norm "
+            f"{precision.relative(got, want):.3g}{_allowed(params[0].dtype, ulps)}")
 
 
 def _repeats(first, second) -> bool:

@@ -159,14 +159,35 @@ class Share:
         return torch.tensor([owner == self.rank for owner in self.plan.owner], dtype=torch.bool, device=device)
 
 
-def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weights, grads: bool,
-            chunk: int | None = None, kinds=None, share: Share | None = None) -> Rounding | Shared:
-    """The unsharded run once more in ``EXACT[dtype]``, on a copy of ``model`` made for it and freed after.
+@dataclass(frozen=True)
+class Reference:
+    """The unsharded run whose rounding the exact run measures: its microbatch (``batch.patches.grad`` its input
+    gradient), its outputs, its parameter gradients (one per parameter, in order; None where they are the sum of
+    the CP ranks' ``own_grads``, which only a shared run can take), the rank-alone expectation (None: not checked),
+    the loss weights they were taken under by output name, and whether gradients were taken at all."""
 
-    ``ref_out``: the unsharded outputs; ``ref_grads``: its parameter gradients (one per parameter, in order; None
-    where they are the sum of the CP ranks' ``own_grads``, which only a shared run can take) and
-    ``batch.patches.grad`` its input gradient; ``own_grads``: the rank-alone expectation (None: not checked);
-    ``weights``/``own_weights``: the loss weights they were taken under, by output name.
+    batch: object
+    out: dict[str, torch.Tensor]
+    grads: list[torch.Tensor] | None
+    own_grads: list[torch.Tensor] | None
+    weights: dict[str, torch.Tensor]
+    own_weights: dict[str, torch.Tensor] | None
+    gradients: bool
+
+
+@dataclass
+class _Chunks:
+    """What the exact run's chunks add up to: per output, each token row's figure; the parameter gradients of the
+    rank's own loss and of the rest (one per parameter, None: nothing yet); an error a shared run raises later."""
+
+    outputs: dict[str, torch.Tensor]
+    own: list
+    rest: list
+    failed: Exception | None = None
+
+
+def measure(arm, ref: Reference, chunk: int | None = None, kinds=None, share: Share | None = None) -> Rounding | Shared:
+    """``ref`` once more in ``EXACT[dtype]``, on a copy of ``arm.model`` made for it and freed after.
 
     It runs ``chunk`` patches of whole media items at a time (default EXACT_CHUNK), their gradients summed: a tower
     encodes each image independently of every other (the premise of vision DP over CP, which the matrix checks),
@@ -174,85 +195,99 @@ def measure(impl, model, batch, ref_out, ref_grads, own_grads, weights, own_weig
     activations (a real-size tower's, in float64, would not fit beside the rest). ``kinds`` (one per media item:
     whose it is) keeps items of different kinds in different chunks, so that most chunks are wholly the rank's own
     or wholly not, and need one backward where a mixed one needs two (_backward). With ``share`` (and ``kinds``,
-    and ``own_weights`` where ``grads``) the CP ranks split the run between them (Share): this rank's part, no
-    collective, whose ``summed()`` (a collective) is the Rounding.
+    and ``own_weights`` where gradients are taken) the CP ranks split the run between them (Share): this rank's
+    part, no collective, whose ``summed()`` (a collective) is the Rounding.
     """
-    if grads and ref_grads is None and share is None:
+    grads = ref.gradients
+    if grads and ref.grads is None and share is None:
         raise ValueError("rounding.measure: without the summed loss's gradients (ref_grads), only a shared exact run "
                          "can take them as the sum of the ranks' own shares")
-    if share is not None and (kinds is None or (grads and own_weights is None)):
+    if share is not None and (kinds is None or (grads and ref.own_weights is None)):
         raise ValueError("rounding.measure: a shared exact run needs the media's kinds and, with gradients, the rank's "
                          "own weights (its share of the summed loss)")
-    tower = next(iter(ref_out.values()))  # the tower's dtype and device, whatever the pixels came in (vdpcp.feature.pixels)
-    hp = EXACT[tower.dtype]
-    exact = copy.deepcopy(model).to(hp)  # the same weights; model's gradients were set aside, so none are copied
+    tower = next(iter(ref.out.values()))  # the tower's dtype and device, whatever the pixels came in (vdpcp.feature.pixels)
+    exact = copy.deepcopy(arm.model).to(EXACT[tower.dtype])  # the same weights, and no gradient: they were set aside
     params = list(exact.parameters())
-    pixels = grads and batch.patches.requires_grad  # pixels are data unless the arms differentiate them
+    pixels = grads and ref.batch.patches.requires_grad  # pixels are data unless the arms differentiate them
     # the values the arms' towers took (a loader's float32 pixels rounded to a bf16 tower's dtype), exactly
-    patches = as_tower_sees(batch.patches.detach(), tower.dtype, tower.device).to(hp).requires_grad_(pixels)
-    outputs = {name: torch.zeros(t.shape[0], dtype=torch.float64, device=t.device) for name, t in ref_out.items()}
-    own, rest, start = [None] * len(params), [None] * len(params), 0
-    failed = None
+    patches = as_tower_sees(ref.batch.patches.detach(), tower.dtype, tower.device).to(EXACT[tower.dtype])
+    patches.requires_grad_(pixels)
+    sums = _Chunks({name: torch.zeros(t.shape[0], dtype=torch.float64, device=t.device) for name, t in ref.out.items()},
+                   [None] * len(params), [None] * len(params))
     with exact_math(tower.dtype, tower.device), torch.set_grad_enabled(grads):  # outputs only: no graph to keep
         try:
-            for media, sub in _media_chunks(replace(batch, patches=patches), chunk or EXACT_CHUNK, kinds):
-                first, stop = media
-                if share is not None and first < stop and kinds[first] == "other":  # another rank's: it runs it
-                    start += sum(share.plan.tokens[batch.spec.media_rows[first] : batch.spec.media_rows[stop]])
-                    continue
-                out = outputs_of(impl.encode(exact, impl.inputs(sub)), f"{impl.name}.encode")
-                rows = next(iter(out.values())).shape[0]
-                for name, t in out.items():
-                    if name in outputs:
-                        outputs[name][start : start + rows] = 2 * row_relative(ref_out[name][start : start + rows], t)
-                if grads:
-                    part = None if own_weights is None else _slice(own_weights, start, rows)
-                    own, rest = _backward(params, out, _slice(weights, start, rows), part, own, rest, hp)
-                    if share is not None:
-                        rest = [None] * len(params)  # the other ranks' shares: each adds its own
-                start += rows
+            chunks = replace(ref.batch, patches=patches)
+            _run_chunks(arm.impl, exact, ref, chunks, chunk or EXACT_CHUNK, kinds, share, sums)
         except Exception as err:  # shared: raised on every rank alike below, so no rank waits in a collective
             if share is None:
                 raise
-            failed = err
+            sums.failed = err
     if share is not None:
         try:
-            return _shared(share, failed, outputs, batch, patches, ref_grads, own_grads, own, params, grads)
+            return _shared(share, ref, sums, patches, params)
         except Exception as err:  # its figures too (a plan whose token counts are not the outputs' rows, say)
             return Shared(share, patches.device, err)
-    input_figure = 2 * segment_relative(grad_or_zeros(batch.patches).to(patches.device), grad_or_zeros(patches),
-                                        batch.cu_seqlens) if pixels else None
-    if not grads:
-        return Rounding(outputs)
-    summed = [r if o is None else o if r is None else r.add_(o) for o, r in zip(own, rest)]
-    own_figure = 2 * relative(own_grads, own) if own_grads is not None else 0.0
-    return Rounding(outputs, input_figure, 2 * relative(ref_grads, summed), own_figure)
+    return _whole(ref, sums, patches, pixels)
 
 
-def _shared(share: Share, failed, outputs: dict, batch, patches, ref_grads, own_grads, own: list, params,
-            grads: bool) -> Shared:
+def _run_chunks(impl, exact, ref: Reference, batch, chunk: int, kinds, share: Share | None, sums: _Chunks) -> None:
+    """Each chunk of whole media items encoded by ``exact`` (a shared run's: only this rank's own and mixed ones),
+    its output rows' figures and its gradients added into ``sums``."""
+    params, hp, start = list(exact.parameters()), batch.patches.dtype, 0
+    for media, sub in _media_chunks(batch, chunk, kinds):
+        first, stop = media
+        if share is not None and first < stop and kinds[first] == "other":  # another rank's: it runs it
+            start += sum(share.plan.tokens[batch.spec.media_rows[first] : batch.spec.media_rows[stop]])
+            continue
+        out = outputs_of(impl.encode(exact, impl.inputs(sub)), f"{impl.name}.encode")
+        rows = next(iter(out.values())).shape[0]
+        for name, t in out.items():
+            if name in sums.outputs:
+                sums.outputs[name][start : start + rows] = 2 * row_relative(ref.out[name][start : start + rows], t)
+        if ref.gradients:
+            part = None if ref.own_weights is None else _slice(ref.own_weights, start, rows)
+            summed = _slice(ref.weights, start, rows)
+            sums.own, sums.rest = _backward(params, out, summed, part, sums.own, sums.rest, hp)
+            if share is not None:
+                sums.rest = [None] * len(params)  # the other ranks' shares: each adds its own
+        start += rows
+
+
+def _whole(ref: Reference, sums: _Chunks, patches, pixels: bool) -> Rounding:
+    """The Rounding of an exact run this rank ran whole."""
+    input_figure = 2 * segment_relative(grad_or_zeros(ref.batch.patches).to(patches.device), grad_or_zeros(patches),
+                                        ref.batch.cu_seqlens) if pixels else None
+    if not ref.gradients:
+        return Rounding(sums.outputs)
+    summed = [r if o is None else o if r is None else r.add_(o) for o, r in zip(sums.own, sums.rest)]
+    own_figure = 2 * relative(ref.own_grads, sums.own) if ref.own_grads is not None else 0.0
+    return Rounding(sums.outputs, input_figure, 2 * relative(ref.grads, summed), own_figure)
+
+
+def _shared(share: Share, ref: Reference, sums: _Chunks, patches, params) -> Shared:
     """This rank's part of a shared exact run, down to what the sums need: its own rows' figures and its own share's
-    gradient as a count sketch above sketch.WIDTH parameters (8 MB, where the gradient is the tower's size), so it
-    holds nothing large while its peers take their turns."""
+    gradient as a count sketch above sketch.WIDTH parameters (not the tower's size), so it holds nothing large while
+    its peers take their turns."""
     device = patches.device
-    if failed is not None:
-        return Shared(share, device, failed)
+    if sums.failed is not None:
+        return Shared(share, device, sums.failed)
     mine = share.own_tokens(device)
-    outputs = {name: _own_only(figure, mine.to(figure.device)) for name, figure in outputs.items()}
-    if not grads:
+    outputs = {name: _own_only(figure, mine.to(figure.device)) for name, figure in sums.outputs.items()}
+    if not ref.gradients:
         return Shared(share, device, None, outputs)
     # rows no chunk here reached have no exact gradient: their figure is their owner's
     figure = None
     if patches.requires_grad:
-        figure = 2 * segment_relative(grad_or_zeros(batch.patches).to(device), grad_or_zeros(patches), batch.cu_seqlens)
+        figure = 2 * segment_relative(grad_or_zeros(ref.batch.patches).to(device), grad_or_zeros(patches),
+                                      ref.batch.cu_seqlens)
         figure = _own_only(figure, share.own_rows(figure.device))
-    own = [torch.zeros_like(p) if o is None else o for o, p in zip(own, params)]
-    own_figure = 2 * relative(own_grads, own) if own_grads is not None else 0.0
-    parts = ref_grads is None  # the summed loss's gradients are the ranks' own shares' sum (vdpcp.oracle.unsharded)
-    ref = own_grads if parts else ref_grads
+    own = [torch.zeros_like(p) if o is None else o for o, p in zip(sums.own, params)]
+    own_figure = 2 * relative(ref.own_grads, own) if ref.own_grads is not None else 0.0
+    parts = ref.grads is None  # the summed loss's gradients are the ranks' own shares' sum (vdpcp.oracle.unsharded)
+    expected = ref.own_grads if parts else ref.grads
     if not sketch.pays(sum(o.numel() for o in own)):
-        return Shared(share, device, None, outputs, figure, own_figure, own, ref, parts)
-    return Shared(share, device, None, outputs, figure, own_figure, *sketch.sketch(zip(own, ref), device), parts)
+        return Shared(share, device, None, outputs, figure, own_figure, own, expected, parts)
+    return Shared(share, device, None, outputs, figure, own_figure, *sketch.sketch(zip(own, expected), device), parts)
 
 
 @dataclass

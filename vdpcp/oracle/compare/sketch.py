@@ -12,9 +12,9 @@ collide with probability about their count squared over WIDTH, and a collision s
 The tolerance it is held to is at least twice the unsharded run's own measured rounding (vdpcp.oracle.compare.precision), so an
 error of the estimate a thousand times smaller than that margin moves no verdict.
 
-At the real size that is 8 MB sent a rank instead of the gradients themselves (2.7 GB in float32 for Qwen2.5-VL-7B's
-tower), which over gloo was a case's largest phase (reports/gpu/README.md). A tower with fewer parameters than
-WIDTH sends its gradients as they are (``pays``): then the sketch would be the larger of the two, and float64 is
+At the real size a rank sends a sketch far smaller than the gradients themselves, whose sum would otherwise be a
+case's largest phase over gloo (reports/gpu/README.md). A tower with fewer parameters than WIDTH sends its
+gradients as they are (``pays``): then the sketch would be the larger of the two, and float64 is
 compared element by element in any case.
 
 The buckets and signs come from a seeded generator on the gradients' device, per (parameter, chunk of CHUNK
@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 WIDTH = 1 << 20
-CHUNK = 1 << 22  # elements hashed at a time: five temporaries of 32 MB each, whatever the parameter's size
+CHUNK = 1 << 22  # elements hashed at a time: the temporaries stay this size, whatever the parameter's
 SEED = 0x5EED
 
 

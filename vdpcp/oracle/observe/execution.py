@@ -9,6 +9,9 @@ import math
 import torch
 
 from vdpcp.feature import comm
+from vdpcp.matrix.case import FAILURE, Finding
+from vdpcp.oracle.context import Arm
+from vdpcp.oracle.failures import found
 from vdpcp.oracle.observe import reads
 
 
@@ -118,20 +121,22 @@ def required_layers(reference_ran: set[str], ran: list[set[str]], read: torch.Te
     return shared & ran[cp_rank] if len(own_branch) >= len(skipped) else shared
 
 
-def check_layers_ran(result, required: set[str], ran: Execution, plan=None) -> None:
+def check_layers_ran(arm: Arm, required: set[str], ran: Execution, plan=None) -> list[Finding]:
     """The tower ran on this rank: on some row, and through every layer ``required`` (required_layers); known from
-    the forward alone, so no gradient is needed. A failure says what this rank read and ran, and what ``plan`` (the
-    implementation's, where it states one that held) gave it."""
-    skipped = sorted(required - ran.ran())
-    whose = f"rank {result.rank} (CP rank {result.cp_rank})"
+    the forward alone, so no gradient is needed. A failure says what this rank read (``arm.telemetry.read``) and
+    ran, and what ``plan`` (the implementation's, where it states one that held) gave it."""
+    skipped, rows = sorted(required - ran.ran()), arm.telemetry.read
     if not ran.ran():
-        read = f"read rows {result.read}" if result.read else "read no row"
+        read = f"read rows {rows}" if rows else "read no row"
         never = f"; layers never run: {', '.join(skipped[:3])}" if skipped else ""
-        result.failures.append(f"execution: {whose} {read} and ran no layer of its tower ({_given(plan, result.cp_rank)}"
-                               f"{never}); every rank must run its tower, placeholders included")
-    elif skipped:
-        result.failures.append(f"execution: {whose} skipped {len(skipped)} layer(s) that every rank holding real rows "
-                               f"ran ({', '.join(skipped[:3])}); a rank must run its whole tower, placeholders included")
+        return found(FAILURE, arm.rank, f"execution: {arm.whose} {read} and ran no layer of its tower "
+                                        f"({_given(plan, arm.cp_rank)}{never}); every rank must run its tower, "
+                                        f"placeholders included")
+    if not skipped:
+        return []
+    return found(FAILURE, arm.rank, f"execution: {arm.whose} skipped {len(skipped)} layer(s) that every rank holding "
+                                    f"real rows ran ({', '.join(skipped[:3])}); a rank must run its whole tower, "
+                                    f"placeholders included")
 
 
 def _given(plan, cp_rank: int) -> str:
@@ -144,16 +149,17 @@ def _given(plan, cp_rank: int) -> str:
             f"{placeholders or 'no'} placeholder{'' if placeholders == 1 else 's'}")
 
 
-def check_param_grads_exist(result, given: list[bool], model, required: set[str], layers: list[str]) -> None:
-    """Every parameter the unsharded run gives a gradient (``given``, one flag a parameter) has one here (a skipped
-    tower leaves them None, which summing would read as zeros), where its layer is ``required`` on this rank; a
-    parameter outside every layer Execution watches (the root's own) always."""
+def check_param_grads_exist(arm: Arm, given: list[bool], required: set[str], layers: list[str]) -> list[Finding]:
+    """Every parameter the unsharded run gives a gradient (``given``, one flag a parameter) has one in
+    ``arm.model`` (a skipped tower leaves them None, which summing would read as zeros), where its layer is
+    ``required`` on this rank; a parameter outside every layer Execution watches (the root's own) always."""
     watched = set(layers)
-    missing = [name for (name, p), g in zip(model.named_parameters(), given)
+    missing = [name for (name, p), g in zip(arm.model.named_parameters(), given)
                if g and p.grad is None and (_layer_of(name) in required or _layer_of(name) not in watched)]
-    if missing:
-        result.failures.append(f"execution: rank {result.rank} (CP rank {result.cp_rank}) has no gradient for "
-                               f"{len(missing)} parameter(s) the unsharded run gives one ({', '.join(missing[:3])})")
+    if not missing:
+        return []
+    return found(FAILURE, arm.rank, f"execution: {arm.whose} has no gradient for {len(missing)} parameter(s) the "
+                                    f"unsharded run gives one ({', '.join(missing[:3])})")
 
 
 def _layer_of(parameter: str) -> str:

@@ -72,10 +72,11 @@ class Handed:
         return out
 
 
-def line(result, written: dict[str, Written]) -> str:
-    """The one line that says, for this rank, which outputs' handed gradients its backward wrote into."""
+def line(at, written: dict[str, Written]) -> str:
+    """The one line that says, for the rank ``at`` (its ``rank`` and ``cp_rank``: an Arm, say), which outputs'
+    handed gradients its backward wrote into."""
     what = ", ".join(f"output {name!r} ({w.rows} of {w.of} rows changed)" for name, w in written.items())
-    return (f"gradient written: rank {result.rank} (CP rank {result.cp_rank}), {what}: {WROTE} (a copy, or an "
+    return (f"gradient written: rank {at.rank} (CP rank {at.cp_rank}), {what}: {WROTE} (a copy, or an "
             f"out-of-place collective, fixes it: {DOCS})")
 
 

@@ -7,24 +7,23 @@ import time
 
 import torch
 
-from vdpcp.matrix.case import RankResult
+from vdpcp.matrix.case import Telemetry
 from vdpcp.oracle.unsharded import Unsharded
 
 
 class Clock:
     """Seconds per phase of a case on this rank (build, unsharded, exact, sharded, gradients: their sums over ranks
-    and comparison), into ``result.seconds``. On CUDA each lap waits for the device first: kernels run after the
+    and comparison), into ``telemetry.seconds``. On CUDA each lap waits for the device first: kernels run after the
     host queued them, so an unsynchronised lap bills a phase's GPU work to whichever later phase first waits for
-    a result (on the H200 in float32, the exact run, which runs without deterministic algorithms, read 1.25 s or
-    5.35 s by whether the arms before it ran under them: unsynchronised, the phases could not say which was slow)."""
+    a result, and the phases could not say which was slow."""
 
-    def __init__(self, result: RankResult, device: torch.device | None = None):
-        self.result, self.device = result, device
+    def __init__(self, telemetry: Telemetry, device: torch.device | None = None):
+        self.telemetry, self.device = telemetry, device
         self.last = self._now()
 
     def lap(self, phase: str) -> None:
         now = self._now()
-        self.result.seconds[phase] = round(now - self.last, 4)
+        self.telemetry.seconds[phase] = round(now - self.last, 4)
         self.last = now
 
     def _now(self) -> float:

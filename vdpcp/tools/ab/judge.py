@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vdpcp.oracle import DTYPES
+from vdpcp.oracle import TORCH_DTYPES
 from vdpcp.tools.ab.stream import Draw
 from vdpcp.tools.ab.train import ARMS, Run
 
@@ -117,7 +117,7 @@ def tolerance_for(run: Run) -> float:
     """The relative bound of ``run``'s dtype (the module docstring says why)."""
     if run.dtype == "float64":
         return FLOAT64_TOLERANCE
-    return 2 * run.steps * run.accumulate * torch.finfo(DTYPES[run.dtype]).eps
+    return 2 * run.steps * run.accumulate * torch.finfo(TORCH_DTYPES[run.dtype]).eps
 
 
 def _worst(values) -> float:

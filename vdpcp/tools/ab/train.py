@@ -20,7 +20,7 @@ from vdpcp.feature.model import positions_needed
 from vdpcp.feature.sharded import VisionDPConfig
 from vdpcp.impls import resolve
 from vdpcp.matrix.case import Case
-from vdpcp.oracle import DTYPES
+from vdpcp.oracle import TORCH_DTYPES
 from vdpcp.oracle.observe import gloo_collectives
 from vdpcp.tools import mutants
 from vdpcp.tools.ab import vlm
@@ -50,7 +50,7 @@ class Run:
 
 def ab_ranks(ctx, run: Run) -> dict:
     """Both arms on this rank: their per-step records and how far apart their final parameters are."""
-    impl, dtype, draws = resolve(run.impl), DTYPES[run.dtype], run.schedule()
+    impl, dtype, draws = resolve(run.impl), TORCH_DTYPES[run.dtype], run.schedule()
     model = _build(impl, _build_case(run, draws), draws, dtype, ctx)
     initial = {name: value.detach().cpu().clone() for name, value in model.state_dict().items()}
     arms, finals = {}, {}

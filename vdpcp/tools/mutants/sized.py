@@ -31,7 +31,7 @@ ROUNDING_SEED = 35  # the stochastic rounding's draws (scaled): the same bug eve
 
 
 class Planted:
-    """How many elements one case's sized mutant moved off their values on this rank (RankResult.planted)."""
+    """How many elements one case's sized mutant moved off their values on this rank (RankResult.telemetry.planted)."""
 
     def __init__(self):
         self.moved = 0

@@ -1,0 +1,4 @@
+"""A case's choices by name, imported by the case and by the command line: a leaf without torch, so that
+`vdpcp --help` can offer them without importing it."""
+
+DTYPES = ("float64", "float32", "bfloat16")  # the dtypes a case runs in (vdpcp.oracle.TORCH_DTYPES: as torch's)
