@@ -15,7 +15,7 @@ import sys
 import textwrap
 
 from vdpcp.cli.exit_codes import Exit, epilog
-from vdpcp.matrix.choices import DTYPES  # a leaf without torch: a case's own dtype names
+from vdpcp.matrix.choices import DTYPES  # noqa: F401  (the subcommands take a case's dtype names from here)
 from vdpcp.usage import UsageError, number  # a leaf the reports import too; the subcommands import them from here
 
 # Choices the subcommands share, literal so that `vdpcp --help` imports no torch (tests/unit/test_cli.py holds them
