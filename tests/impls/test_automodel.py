@@ -3,7 +3,8 @@ held to vdpcp's oracle: how it is installed (the pinned release, without its dep
 the tower's input against Qwen3-VL's own image and video processors; the outputs (merged features and every
 DeepStack level); the shipped thresholds, whose statement (``replicated``) the oracle checks against what each
 rank's tower really read, on microbatches just below and at each threshold (CP 2) and on the matrix's small ones
-(CP 2, 4); and a subset of the matrix with thresholds 0 at CP 1, 2, 4 and 8."""
+(CP 2, 4), and its partition on ragged frame units above them; and a subset of the matrix with thresholds 0 at CP
+1, 2, 4 and 8."""
 
 import importlib
 import tomllib
