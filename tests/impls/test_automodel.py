@@ -3,7 +3,8 @@ held to vdpcp's oracle: how it is installed (the pinned release, without its dep
 the tower's input against Qwen3-VL's own image and video processors; the outputs (merged features and every
 DeepStack level); the shipped thresholds, whose statement (``replicated``) the oracle checks against what each
 rank's tower really read, on microbatches just below and at each threshold (CP 2) and on the matrix's small ones
-(CP 2, 4); and a subset of the matrix with thresholds 0 at CP 1, 2, 4 and 8."""
+(CP 2, 4), and its partition on ragged frame units above them; and a subset of the matrix with thresholds 0 at CP
+1, 2, 4 and 8."""
 
 import importlib
 import tomllib
@@ -18,7 +19,7 @@ from packaging.requirements import Requirement
 from vdpcp.contract.protocol import MAIN_OUTPUT, VisionDPConfig
 from vdpcp.feature.spec import MicrobatchSpec
 from vdpcp.impls import resolve
-from vdpcp.impls.automodel import MODELING, PATCH, SHARDING, SPLIT, automodel, automodel_shipped, token_grids
+from vdpcp.impls.automodel import MODELING, PATCH, SHARDING, SPLIT, automodel, automodel_shipped, token_grids, tower_config
 from vdpcp.matrix import scenarios
 from vdpcp.matrix.case import Case
 from vdpcp.matrix.runner import run_judged
@@ -164,13 +165,15 @@ def test_the_threshold_scenarios_sit_on_each_side_of_automodels_released_thresho
         f"{name}-tokens-{released.min_tokens}": (len(token_grids(released.min_tokens)), released.min_tokens),
         f"{name}-frames-{released.min_frames - 1}": (released.min_frames - 1, released.min_frames - 1),
         f"{name}-frames-{released.min_frames}": (released.min_frames, released.min_frames),
+        f"{name}-ragged-above-thresholds": (released.min_frames + 1, 9 + released.min_frames),
     }
     assert all(units < released.min_frames for units, _ in list(workloads.values())[:2])
     assert automodel.scenarios() == ()  # thresholds 0: no decision to straddle
 
 
 SHIPPED = {spec.name: spec for spec in _own_specs(automodel_shipped)}
-EXPECTED = dict(zip(SHIPPED, ("replicated", "pass") * 2))  # each threshold: just below it, then at it
+# Each threshold: just below it, then at it; then the ragged units above them, balanced as declared.
+EXPECTED = dict(zip(SHIPPED, ("replicated", "pass") * 2 + ("pass",)))
 
 
 @pytest.mark.distributed
@@ -180,6 +183,30 @@ def test_the_shipped_thresholds_replicate_just_below_and_shard_at_them(name):
     or its own share, never an undeclared mix; and the results hold either way."""
     judged = run_judged(Case(SHIPPED[name], 2, "automodel-shipped", SPLIT))
     assert judged.verdict == EXPECTED[name], f"{judged.why}\n{judged.result.summary()}"
+
+
+def _cuts(spec, cp, **policy):
+    """Automodel's own partition of the microbatch's frame units over ``cp`` ranks, at the toy tower's width."""
+    from nemo_automodel.components.distributed import cp_vision_frame_shard as sharding
+
+    patches = torch.tensor([h * w for t, h, w in automodel.inputs(spec.tensors()).grid_thw.tolist() for _ in range(t)])
+    config = sharding.CpVisionFrameShardingConfig(enabled=True, **policy)
+    return sharding._contiguous_balanced_bounds(patches, cp, cost_alpha_source=tower_config(PATCH), config=config)
+
+
+def test_as_shipped_only_the_ragged_microbatch_is_cut_differently_by_p_squared():
+    """Why partition-cost-squared needs a microbatch of its own there: every other microbatch of automodel-shipped's
+    matrix that shards has frame units all of one size, which any cost growing with a unit's patches cuts alike."""
+    sharded = {}
+    for case in scenarios.matrix(impls=(automodel_shipped.name,)):
+        if case.config.shard_vision and case.cp > 1 and automodel_shipped.replicated(case.spec, case.config) is None:
+            sharded.setdefault((case.spec.name, case.cp), case.spec)
+    ragged = f"{automodel_shipped.name}-ragged-above-thresholds"
+    assert {name for name, _ in sharded} == {ragged, *(f"{automodel_shipped.name}-{s}" for s in ("tokens-2048",
+                                                                                                 "frames-32"))}
+    for (name, cp), spec in sharded.items():
+        differ = _cuts(spec, cp) != _cuts(spec, cp, cost_alpha=0)
+        assert differ == (name == ragged), (name, cp, _cuts(spec, cp), _cuts(spec, cp, cost_alpha=0))
 
 
 @pytest.mark.distributed

@@ -130,3 +130,16 @@ def test_a_partition_balanced_by_p_squared_is_unbalanced_on_automodels_own_code(
     result = run_case(case.with_(mutant="partition-cost-squared"))
     assert result.verdict == "unbalanced", result.summary()
     assert run_case(case).verdict == "pass"
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("cp", (2, 4, 8))
+def test_as_shipped_a_partition_balanced_by_p_squared_is_unbalanced_above_its_thresholds(cp):
+    """Automodel's released thresholds replicate every microbatch of the shared matrix; its own matrix's ragged frame
+    units above them are where p^2 cuts other runs than the declared cost, and a correct partition passes."""
+    by_id = {case.id: case for case in scenarios.matrix(cps=(cp,), impls=("automodel-shipped",))}
+    case = by_id[f"automodel-shipped-ragged-above-thresholds-cp{cp}-automodel-shipped-contiguous-balanced"]
+    result = run_case(case.with_(mutant="partition-cost-squared"))
+    assert result.verdict == "unbalanced", result.summary()
+    assert not any(r.failures for r in result.ranks), result.summary()
+    assert run_case(case).verdict == "pass"

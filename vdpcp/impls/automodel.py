@@ -235,7 +235,8 @@ def threshold_scenarios(name: str, policy) -> tuple:
     """Automodel replicates below min_tokens merged tokens AND below min_frames frame units: min_tokens - 1 and
     min_tokens tokens in few images; min_frames - 1 and min_frames units of one token each, in one video (frames
     and frame units differ by 2x there; the odd one repeats its last frame). Each pair stays below the other
-    threshold, so only its own decides; each microbatch is as small as its threshold allows."""
+    threshold, so only its own decides; each microbatch is as small as its threshold allows. Last, a sharded
+    microbatch of ragged units, where its partition's cost model decides the cuts."""
     if not policy.min_tokens or not policy.min_frames:
         return ()  # a zero threshold: nothing is replicated, so there is no decision to straddle
     specs = []
@@ -253,7 +254,19 @@ def threshold_scenarios(name: str, policy) -> tuple:
     if len(token_grids(policy.min_tokens)) >= policy.min_frames or policy.min_frames >= policy.min_tokens:
         raise ValueError(f"{name}: thresholds {policy} leave no microbatch on one side of one threshold and below "
                          f"the other")
-    return tuple(specs)
+    return tuple(specs) + (ragged_above_thresholds(name, policy.min_frames, len(specs) + 1),)
+
+
+def ragged_above_thresholds(name: str, min_frames: int, seed: int) -> MicrobatchSpec:
+    """One 6x6-patch image, then a video of ``min_frames`` one-token frame units: sharded by the frame count, with
+    units of unequal cost. Each threshold microbatch's units are all alike, where any cost that grows with a unit's
+    patches cuts the same runs; here p^2 and the declared p * (p + alpha) cut differently at every CP size, and
+    p^2 leaves a rank a whole unit over the best partition (the partition-cost-squared mutant's kill)."""
+    image = (MERGE * 3 * PATCH,) * 2
+    frames = TEMPORAL_PATCH * min_frames
+    return MicrobatchSpec((image,) + ((MERGE * PATCH,) * 2,) * frames, num_frames=(1, frames),
+                          temporal_patch_size=TEMPORAL_PATCH, patch_dim=PATCH, seed=seed,
+                          name=f"{name}-ragged-above-thresholds")
 
 
 def token_grids(tokens: int, side: int = 16) -> list[tuple[int, int]]:
