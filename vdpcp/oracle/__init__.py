@@ -50,6 +50,8 @@ work was split as the case expects; gradients.py the input, parameter and text-s
 the gradient handed each output's backward, and what the backward wrote into it; telemetry.py time and memory
 figures; determinism.py deterministic algorithms, process-wide; context.py the arm and the sharded encode every
 check reads (each check returns its findings); failures.py a check's lines as findings.
+
+Internal: vdpcp's own, free to change; what a user imports comes from ``vdpcp`` itself.
 """
 
 from vdpcp.oracle.arms import TURNS_ABOVE, check

@@ -3,4 +3,6 @@ rounding measured below float64 (rounding.py), the regrouped exact reference (re
 algorithms it needs (determinism.py), the gradient checks
 (gradients.py), whose loss weights and rows a rank owns (weights.py), and count sketches of a real-size tower's
 parameter gradients (sketch.py).
+
+Internal: vdpcp's own, free to change; what a user imports comes from ``vdpcp`` itself.
 """
