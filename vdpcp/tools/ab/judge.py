@@ -5,23 +5,12 @@ and the gradients differ only in the order their sums are taken in (per-rank par
 reduction, against one sum). Every difference is rounding, so the bound is the dtype's (``tolerance``):
 
 - float64: 1e-10 relative, on the loss and the grad norms (vision tower + projector, LM) of every step and on
-  the final parameters. That is about 1e6 unit roundoffs (u = 1.1e-16). Measured on the reference (CP 2 and 4,
-  each dataset, seeds 0 and 1): per-step gaps at most 6e-16 (a few u) and a final-parameter gap of at most
-  9e-13 (about 8e3 u: AdamW divides each gradient element by its own running size, which magnifies the
-  rounding of elements whose sum cancels). So 1e-10 leaves a factor 100 over the largest rounding gap, and
-  stays 1e3 below the quietest bug measured: grad-averaged changes the loss by only 1.5e-7 (AdamW is nearly
-  blind to a gradient's scale), and both gradient mutants move the vision grad norm by about 1 - 1/CP (0.5 at
-  CP 2, 0.75 at CP 4).
-- float32 and bfloat16: ``2 x steps x accumulate x eps`` relative on the loss and the grad norms of every
-  step: each microbatch that has gone into the parameters is a gradient sum that each arm rounds its own
-  way, by up to about one machine epsilon, and the two arms' errors add (2.4e-6 and 0.16 at the default
-  5 x 2). Measured on the reference (as above): per-step gaps at most 2.0e-7 (1.7 eps) in float32, 7.9e-8
-  after a single microbatch, and 3.7e-3 (0.47 eps; bf16 keeps float32 main weights and gradients) in bf16.
-  The gradient mutants' 0.5 (at CP 2) on the vision grad norm stays above the bound for steps x accumulate up
-  to 30 in bf16. The final parameters are reported, not judged, at these dtypes: the per-element magnification
-  above turns float32's rounding into a 2e-4 relative gap (grad-averaged makes 1e-3), and in bf16 an element
-  whose gradient is rounding noise takes a whole AdamW step of either sign, so its gap (2.9e-2 at most) is
-  no smaller than a bug's.
+  the final parameters: far above the rounding gaps of correct runs, far below the quietest gradient bug.
+- float32 and bfloat16: ``2 x steps x accumulate x eps`` relative on the loss and the grad norms of every step,
+  as each microbatch's gradient sum is rounded its own way in each arm; the final parameters are reported, not
+  judged, since AdamW turns a rounding-noise gradient into a whole step.
+
+The measured gaps behind both bounds: docs/ab.md.
 
 At every dtype, a NaN or an infinity in either arm fails the A/B on its own (a relative difference of NaN must
 never read as "within tolerance"), and so does one in any rank's final-parameter figures, judged or not: an
