@@ -53,7 +53,6 @@ def main(args) -> int:
     from vdpcp.matrix import progress, report, scenarios
     from vdpcp.matrix.runner import preload_case_modules
     from vdpcp.tools.mutants import MUTANTS
-    from vdpcp.tools.mutants.hunt import hunt
 
     impl = checked_impls([args.impl])[0]
     applicable = [n for n, m in MUTANTS.items() if m.generic or impl == "reference"]
@@ -94,18 +93,33 @@ def main(args) -> int:
                 run.start(f"{name}: {case.id} {judged.verdict}")
                 run.say(progress.line(progress.Finished.of(case.id, judged, seconds), f"{run.position()}  {name}:"))
 
-            with contextlib.redirect_stdout(io.StringIO()):  # the ranks' own output
-                found = hunt(name, [] if args.full else kill_sets[name], timeout=args.timeout, on_case=show)
-                if found.survived:  # survived its kill set: the whole matrix decides
-                    rest = [c for c in matrix if c.id not in found.tried]
-                    more = hunt(name, rest, timeout=args.timeout, on_case=show)
-                    more.tried = found.tried + more.tried
-                    found = more
+            found = _hunt(name, [] if args.full else kill_sets[name], matrix, args.timeout, show)
             rows.append(report.MutantRow(found, MUTANTS[name].bug, time.monotonic() - started))
             outcome = (f"killed by {found.killed_by}" if found.killed
                        else "does not apply" if found.not_applicable else "SURVIVED")
             if run.finish(None, found.killed, f"{name}  {outcome} ({len(found.tried)} case(s), {rows[-1].seconds:.2f} s)"):
                 break
+
+    return run.exit_code(_summary(rows, impl, backend, run.summary()))
+
+
+def _hunt(name: str, kill_set: list, matrix: list, timeout, show):
+    """Hunt ``name`` on its kill set; a survivor of it is hunted on the rest of the matrix before it is called one."""
+    from vdpcp.tools.mutants.hunt import hunt
+
+    with contextlib.redirect_stdout(io.StringIO()):  # the ranks' own output
+        found = hunt(name, kill_set, timeout=timeout, on_case=show)
+        if found.survived:
+            rest = [c for c in matrix if c.id not in found.tried]
+            more = hunt(name, rest, timeout=timeout, on_case=show)
+            more.tried = found.tried + more.tried
+            found = more
+    return found
+
+
+def _summary(rows: list, impl: str, backend: str, ran: str) -> bool:
+    """Print the table and the one-line score; whether every mutant that applies was killed."""
+    from vdpcp.matrix import report
 
     out = report.console()
     out.print(report.mutants_table(rows, backend))
@@ -113,8 +127,8 @@ def main(args) -> int:
     moot = [r.hunt.mutant for r in rows if r.hunt.not_applicable]
     out.print(f"{len(rows) - len(survived) - len(moot)} of {len(rows) - len(moot)} mutants of {impl} killed"
               + (f" ({len(moot)} do not apply: {', '.join(moot)})" if moot else "")
-              + (f"; SURVIVED: {', '.join(survived)}" if survived else "") + run.summary())
-    return run.exit_code(not survived)
+              + (f"; SURVIVED: {', '.join(survived)}" if survived else "") + ran)
+    return not survived
 
 
 def kill_set(kills, matrix, impl: str, tower: str = "toy") -> list:
