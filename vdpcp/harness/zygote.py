@@ -47,75 +47,90 @@ ZYGOTE_CANARY_S = 30.0  # a child that only reads a flag and exits: milliseconds
 
 
 def main(argv: list[str]) -> None:
-    sock = socket.socket(fileno=int(argv[0]))
-    caller_pid, pool_dir = int(argv[1]), argv[2]
-    workers: dict[int, int] = {}  # pidfd -> pid
-
-    def leave(*_):
-        # The workers first: one still running could write into POOL_DIR after rmtree listed it (its log, the
-        # rendezvous store), and the directory would outlive everyone. Their PDEATHSIG would come only as we exit.
-        for pid in workers.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        for pid in workers.values():
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-        shutil.rmtree(pool_dir, ignore_errors=True)
-        os._exit(0)
-
-    signal.signal(signal.SIGTERM, leave)
+    zygote = Zygote(socket.socket(fileno=int(argv[0])), int(argv[1]), argv[2])
+    signal.signal(signal.SIGTERM, zygote.leave)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's; workers inherit this
-    worker.die_with_parent(caller_pid, signal.SIGTERM if "--deathsig" in argv else None)  # no watch thread: we fork
-
-    def send(*message):
-        try:
-            sock.send(pickle.dumps(message))
-        except ConnectionError:  # the caller is gone
-            leave()
-
-    preload = _option(argv, "--preload")
-    tolerated = tuple(filter(None, _option(argv, "--tolerate-threads").split(",")))
+    worker.die_with_parent(zygote.caller_pid, signal.SIGTERM if "--deathsig" in argv else None)  # no watch thread: we fork
     after_fork = tuple(filter(None, _option(argv, "--after-fork").split(",")))
     if "torch" not in after_fork:
-        for name in ("torch", *filter(None, preload.split(","))):
-            started = time.perf_counter()
-            _import(name)
-            why = _unsafe_to_fork(tolerated, "--cuda" in argv)
-            if why:  # the caller starts a zygote without it in the same folder; nothing was forked from this one
-                with contextlib.suppress(ConnectionError):
-                    sock.send(pickle.dumps(("unsafe", name, why, time.perf_counter() - started)))
-                os._exit(0)
+        _preload(zygote.sock, _option(argv, "--preload"), _option(argv, "--tolerate-threads"), "--cuda" in argv)
     if forkcheck.thread_names():  # tolerated on purpose: Python's warning at every fork would only fill the log
         warnings.filterwarnings("ignore", message=r"This process .* is multi-threaded", category=DeprecationWarning)
     gc.freeze()  # keep the collector from dirtying shared pages in every worker
+    zygote.send("ready")
+    zygote.serve(after_fork)
 
-    send("ready")
 
-    zygote_pid = os.getpid()
-    while True:
-        readable, _, _ = select.select([sock, *workers], [], [], 1.0)
-        if os.getppid() != caller_pid:
-            leave()
-        for fd in readable:
-            if fd is sock:
-                try:
-                    data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 1)
-                except ConnectionResetError:  # the caller died with a message of ours unread: closed all the same
-                    data = b""
-                if not data:  # the caller closed its end
-                    leave()
-                _, rank, log_path, stack_path = pickle.loads(data)
-                pid = os.fork()
-                if pid == 0:
-                    _become_worker(sock, workers, fds[0], rank, log_path, stack_path, zygote_pid, after_fork)
-                os.close(fds[0])
-                workers[os.pidfd_open(pid)] = pid
-                send("forked", rank, pid)
-            else:
-                pid = workers.pop(fd)
-                os.close(fd)
-                _, status = os.waitpid(pid, 0)
-                send("exited", pid, os.waitstatus_to_exitcode(status))
+def _preload(sock, preload: str, tolerate: str, cuda: bool) -> None:
+    """Import torch and each preload in turn; at the first that leaves this process unsafe to fork, say why and exit."""
+    tolerated = tuple(filter(None, tolerate.split(",")))
+    for name in ("torch", *filter(None, preload.split(","))):
+        started = time.perf_counter()
+        _import(name)
+        why = _unsafe_to_fork(tolerated, cuda)
+        if why:  # the caller starts a zygote without it in the same folder; nothing was forked from this one
+            with contextlib.suppress(ConnectionError):
+                sock.send(pickle.dumps(("unsafe", name, why, time.perf_counter() - started)))
+            os._exit(0)
+
+
+class Zygote:
+    """The forking loop: a worker per request from the caller, and word of each worker's exit back to it."""
+
+    def __init__(self, sock, caller_pid: int, pool_dir: str):
+        self.sock, self.caller_pid, self.pool_dir = sock, caller_pid, pool_dir
+        self.workers: dict[int, int] = {}  # pidfd -> pid
+
+    def leave(self, *_):
+        # The workers first: one still running could write into POOL_DIR after rmtree listed it (its log, the
+        # rendezvous store), and the directory would outlive everyone. Their PDEATHSIG would come only as we exit.
+        for pid in self.workers.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in self.workers.values():
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        shutil.rmtree(self.pool_dir, ignore_errors=True)
+        os._exit(0)
+
+    def send(self, *message):
+        try:
+            self.sock.send(pickle.dumps(message))
+        except ConnectionError:  # the caller is gone
+            self.leave()
+
+    def serve(self, after_fork: tuple[str, ...]) -> None:
+        zygote_pid = os.getpid()
+        while True:
+            readable, _, _ = select.select([self.sock, *self.workers], [], [], 1.0)
+            if os.getppid() != self.caller_pid:
+                self.leave()
+            for fd in readable:
+                if fd is self.sock:
+                    self._fork(zygote_pid, after_fork)
+                else:
+                    self._reap(fd)
+
+    def _fork(self, zygote_pid: int, after_fork: tuple[str, ...]) -> None:
+        try:
+            data, fds, _, _ = socket.recv_fds(self.sock, MAX_MESSAGE, 1)
+        except ConnectionResetError:  # the caller died with a message of ours unread: closed all the same
+            data = b""
+        if not data:  # the caller closed its end
+            self.leave()
+        _, rank, log_path, stack_path = pickle.loads(data)
+        pid = os.fork()
+        if pid == 0:
+            _become_worker(self.sock, self.workers, fds[0], rank, log_path, stack_path, zygote_pid, after_fork)
+        os.close(fds[0])
+        self.workers[os.pidfd_open(pid)] = pid
+        self.send("forked", rank, pid)
+
+    def _reap(self, fd: int) -> None:
+        pid = self.workers.pop(fd)
+        os.close(fd)
+        _, status = os.waitpid(pid, 0)
+        self.send("exited", pid, os.waitstatus_to_exitcode(status))
 
 
 def _import(name: str) -> None:
