@@ -15,13 +15,12 @@ import sys
 import textwrap
 
 from vdpcp.cli.exit_codes import Exit, epilog
-from vdpcp.matrix.choices import DTYPES  # noqa: F401  (the subcommands take a case's dtype names from here)
+from vdpcp.matrix.choices import DTYPES, LOSSES  # noqa: F401  (the subcommands take a case's choices from here)
 from vdpcp.usage import UsageError, number  # a leaf the reports import too; the subcommands import them from here
 
 # Choices the subcommands share, literal so that `vdpcp --help` imports no torch (tests/unit/test_cli.py holds them
 # to the code's). Implementations and their partitions are no fixed choice: checked_impls and checked_splits check them.
 SPLITS = ("count", "balanced", "packed")  # the reference's
-LOSSES = ("rank", "zigzag")
 BACKENDS = ("auto", "nccl", "gloo")
 
 

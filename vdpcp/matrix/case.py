@@ -10,9 +10,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from vdpcp.contract.protocol import VisionDPConfig
 from vdpcp.feature.spec import MicrobatchSpec
-from vdpcp.matrix.choices import DTYPES  # noqa: F401  (a case's dtype names, where callers read them)
+from vdpcp.matrix.choices import DTYPES, LOSSES  # noqa: F401  (a case's choices, where callers read them)
 
-LOSSES = ("rank", "zigzag")
 # How a case's pixels reach the implementation (vdpcp.feature.pixels): in its tower's dtype on its device, or as a data loader
 # hands them (float32, on the host), so that the implementation's own cast and move are what runs.
 PIXELS = ("tower", "loader")
