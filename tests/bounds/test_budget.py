@@ -80,8 +80,8 @@ REPLICATING = _Replicating()
 
 def test_a_microbatch_the_implementations_fallback_replicates_is_held_as_the_opt_out_holds_it():
     # Encoded whole on every rank, each rank also holds its own loss's share of the gradients (the oracle checks
-    # them rank-alone), as under the opt-out; missing it, automodel-shipped's real tower peaked 31% over the estimate
-    # on the H200 and eight of its ranks ran out of memory without taking turns (reports/gpu/README.md).
+    # them rank-alone), as under the opt-out; an estimate without it lets ranks that should take turns run out of
+    # memory side by side.
     case = Case(spec([[16, 16]] * 5), 2, impl=f"{__name__}:REPLICATING", dtype="bfloat16")
     held = budget.need(case, device="cuda")
     opt_out = budget.need(case.with_(vision_dp_over_cp=False), device="cuda")
@@ -90,8 +90,8 @@ def test_a_microbatch_the_implementations_fallback_replicates_is_held_as_the_opt
 
 
 def test_an_outputs_only_cases_exact_run_holds_its_model_copy_and_no_activations():
-    # Its exact run is a forward under no_grad (vdpcp.oracle.compare.rounding.measure): measured on the H200, estimates that held
-    # the exact run's float32 activations were 1.4 to 4.3 times MCore's outputs-only peaks.
+    # Its exact run is a forward under no_grad (vdpcp.oracle.compare.rounding.measure): an estimate that held its
+    # activations would overstate the case's peak several times over.
     case = Case(spec([[64, 64]] * 8), 2, dtype="bfloat16", grads=False)
     need = budget.need(case, device="cuda")
     exact_model = budget._params(case) * budget.DTYPE_BYTES["float32"]
@@ -169,10 +169,8 @@ class OwnTower(Implementation):
     def build_model(self, case, dtype, device): ...
 
 
-class OldHooks(Implementation):
+class _OldHookMethods:
     """The spelling before ``sizing``: the hooks on the implementation itself."""
-
-    name = "old-hooks"
 
     def build_model(self, case, dtype, device): ...
 
@@ -186,7 +184,11 @@ class OldHooks(Implementation):
         return 3, 5
 
 
-class OldHooksDuck:
+class OldHooks(_OldHookMethods, Implementation):
+    name = "old-hooks"
+
+
+class OldHooksDuck(_OldHookMethods):
     """A duck-typed implementation with the old hooks, wrapped by resolve()."""
 
     name = "old-hooks-duck"
@@ -194,17 +196,6 @@ class OldHooksDuck:
     def encode(self, model, batch): ...
 
     def encode_sharded(self, model, batch, config, group): ...
-
-    def build_model(self, case, dtype, device): ...
-
-    def patch_bytes(self, case):
-        return 2048
-
-    def param_count(self, case):
-        return 10**6
-
-    def full_attention(self, case):
-        return 3, 5
 
 
 own_tower, old_hooks, old_hooks_duck = OwnTower(), OldHooks(), OldHooksDuck()
