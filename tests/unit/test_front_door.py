@@ -42,7 +42,12 @@ def test_an_old_import_path_is_the_module_it_became_with_a_deprecation_warning(o
 
     for name in (old, old.rpartition(".")[0]):  # so the alias (a moved package's too) is found again, forgotten after
         if _deprecated.new_name(name):
-            monkeypatch.delitem(sys.modules, name, raising=False)
+            parent, _, leaf = name.rpartition(".")
+            monkeypatch.setitem(sys.modules, name, None)  # recorded, so the teardown removes what the import adds
+            del sys.modules[name]
+            if parent in sys.modules:  # the attribute the import sets on its package
+                monkeypatch.setattr(sys.modules[parent], leaf, None, raising=False)
+                monkeypatch.delattr(sys.modules[parent], leaf)
     with pytest.warns(DeprecationWarning) as said:
         module = importlib.import_module(old)
     assert f"{old} moved to {_deprecated.new_name(old)}" in [str(w.message).split(";")[0] for w in said]
